@@ -1,0 +1,1 @@
+"""backfill_platform: idempotent, bounded, reconcilable backfills on Dagster, PySpark and Delta."""

@@ -1,0 +1,1 @@
+"""Assets, one module per layer: raw (as delivered), staging (validated, latest wins), marts."""

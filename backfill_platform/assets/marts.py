@@ -1,0 +1,127 @@
+"""Marts: daily revenue per currency and customer lifetime value, in exact decimals."""
+
+from datetime import timedelta
+
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    Failure,
+    TimeWindowPartitionMapping,
+    asset,
+)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import (
+    CODE_VERSIONS,
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    STAGING_ORDERS,
+    chunked_backfill_policy,
+    run_dates,
+)
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource, SparkSessionResource
+from backfill_platform.transforms.fx import REACH_DAYS, FxRateError, with_usd
+from backfill_platform.transforms.revenue import customer_ltv as compute_customer_ltv
+from backfill_platform.transforms.revenue import daily_revenue
+
+# Point-in-time FX needs the rates of the event day and of the 7 days before it.
+_FX_REACH = TimeWindowPartitionMapping(
+    start_offset=-REACH_DAYS, end_offset=0, allow_nonexistent_upstream_partitions=True
+)
+_PREVIOUS_DAY = TimeWindowPartitionMapping(
+    start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True
+)
+
+
+def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> DataFrame:
+    if staged is None:
+        raise Failure("staging/orders has not been built; materialize it for this range first.")
+    if fx is None:
+        fx = spark.createDataFrame(
+            [], "rate_date date, currency string, usd_per_unit decimal(18,8), reject_reason string"
+        )
+    try:
+        return with_usd(staged, fx)
+    except FxRateError as error:
+        raise Failure(str(error)) from error
+
+
+@asset(
+    key=FCT_DAILY_REVENUE,
+    group_name="marts",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=CODE_VERSIONS[FCT_DAILY_REVENUE],
+    metadata={"partition_expr": "event_date"},
+    ins={
+        "staged": AssetIn(STAGING_ORDERS),
+        "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),
+    },
+    kinds={"spark", "delta"},
+)
+def fct_daily_revenue(
+    context: AssetExecutionContext,
+    spark: SparkSessionResource,
+    staged: DataFrame | None,
+    fx: DataFrame | None,
+) -> DataFrame:
+    """Orders, paid orders and revenue per (event_date, currency); USD at point-in-time FX.
+
+    A day whose orders have no rate within 7 days fails the run, naming the days and
+    currencies, and nothing is written.
+    """
+    return daily_revenue(_orders_in_usd(staged, fx, spark.get_session())).withColumn(
+        "_loaded_at", F.current_timestamp()
+    )
+
+
+@asset(
+    key=CUSTOMER_LTV,
+    group_name="marts",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=CODE_VERSIONS[CUSTOMER_LTV],
+    metadata={"partition_expr": "snapshot_date"},
+    ins={
+        "staged": AssetIn(STAGING_ORDERS),
+        "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),
+        "previous": AssetIn(CUSTOMER_LTV, partition_mapping=_PREVIOUS_DAY),
+    },
+    kinds={"spark", "delta"},
+)
+def customer_ltv(
+    context: AssetExecutionContext,
+    spark: SparkSessionResource,
+    lakehouse: LakehouseResource,
+    staged: DataFrame | None,
+    fx: DataFrame | None,
+    previous: DataFrame | None,
+) -> DataFrame:
+    """Lifetime paid orders and USD revenue per customer, one snapshot per day.
+
+    Self-dependent: snapshot D is snapshot D-1 plus day D, so ranges must be built oldest
+    first. The snapshot before the range must exist (unless the range starts at the first
+    partition); otherwise the run fails instead of restarting everyone's LTV at zero.
+    """
+    start, _ = run_dates(context)
+    day_before = start - timedelta(days=1)
+    first_partition = daily_partitions.start.date()
+    base = None
+    if start > first_partition:
+        if not lakehouse.covers(CUSTOMER_LTV, day_before):
+            raise Failure(
+                f"marts/customer_ltv has no snapshot for {day_before}; build the earlier "
+                "partitions first (LTV is cumulative and runs oldest to newest)."
+            )
+        base = previous.where(F.col("snapshot_date") == F.lit(day_before))
+    snapshot_days = [
+        daily_partitions.time_window_for_partition_key(k).start.date()
+        for k in context.partition_keys
+    ]
+    orders = _orders_in_usd(staged, fx, spark.get_session())
+    return compute_customer_ltv(spark.get_session(), orders, base, snapshot_days).withColumn(
+        "_loaded_at", F.current_timestamp()
+    )

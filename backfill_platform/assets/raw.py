@@ -1,0 +1,97 @@
+"""Raw layer: every landing line as delivered, keyed by the day it arrived.
+
+Nothing is dropped here: invalid lines are kept with their text (and bytes, if not UTF-8)
+and a `reject_reason`, so staging can quarantine them and reconciliation can count them.
+"""
+
+from dagster import AssetExecutionContext, Failure, MetadataValue, asset
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import (
+    CODE_VERSIONS,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    chunked_backfill_policy,
+)
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LandingZoneResource, SparkSessionResource
+from backfill_platform.resources.landing import FX_RATES, ORDERS
+from backfill_platform.transforms.fx import bad_headers, conflicting_rates, parse_rates
+from backfill_platform.transforms.lines import read_lines
+from backfill_platform.transforms.orders import parse_orders
+
+
+@asset(
+    key=RAW_ORDERS,
+    group_name="raw",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=CODE_VERSIONS[RAW_ORDERS],
+    metadata={"partition_expr": "ingest_date"},
+    kinds={"spark", "delta"},
+)
+def raw_orders(
+    context: AssetExecutionContext, spark: SparkSessionResource, landing: LandingZoneResource
+) -> DataFrame:
+    """Order lines of the run's ingest days, with parsed fields and a reject reason."""
+    files = landing.files(ORDERS, context.partition_keys)
+    lines = read_lines(spark.get_session(), files, "ingest_date")
+    parsed = (
+        parse_orders(lines.where(~F.col("is_blank")).drop("is_blank"))
+        .withColumnRenamed("day", "ingest_date")
+        .withColumn("_loaded_at", F.current_timestamp())
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    stats = parsed.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count("reject_reason").alias("invalid_rows"),
+        F.count(F.when(F.col("event_date") < F.col("ingest_date"), True)).alias("late_rows"),
+    ).first()
+    blank = lines.where("is_blank").count() if files else 0
+    context.add_output_metadata(
+        {
+            "landing_files": len(files),
+            "rows": stats["rows"],
+            "blank_lines_skipped": blank,
+            "invalid_rows": stats["invalid_rows"],
+            "late_rows": stats["late_rows"],
+            "files": MetadataValue.md("\n".join(f"- `{f}`" for f in files[:50]) or "none"),
+        }
+    )
+    return parsed
+
+
+@asset(
+    key=RAW_FX_RATES,
+    group_name="raw",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=CODE_VERSIONS[RAW_FX_RATES],
+    metadata={"partition_expr": "rate_date"},
+    kinds={"spark", "delta"},
+)
+def raw_fx_rates(
+    context: AssetExecutionContext, spark: SparkSessionResource, landing: LandingZoneResource
+) -> DataFrame:
+    """Rate lines of the run's rate days; a bad header or a conflicting rate fails the run."""
+    files = landing.files(FX_RATES, context.partition_keys)
+    lines = read_lines(spark.get_session(), files, "rate_date").persist()
+    headers = bad_headers(lines) if files else []
+    if headers:
+        raise Failure(
+            "FX files without the header 'currency,usd_per_unit': " + "; ".join(headers),
+            metadata={"files": MetadataValue.json(headers)},
+        )
+    rates = parse_rates(lines).withColumn("_loaded_at", F.current_timestamp()).persist()
+    conflicts = conflicting_rates(rates)
+    if conflicts:
+        raise Failure("Two different rates for one currency and day: " + "; ".join(conflicts))
+    stats = rates.agg(
+        F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
+    ).first()
+    context.add_output_metadata(
+        {"landing_files": len(files), "rows": stats["rows"], "invalid_rows": stats["invalid_rows"]}
+    )
+    return rates

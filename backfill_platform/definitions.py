@@ -1,0 +1,51 @@
+"""The code location: every asset, check, schedule and sensor, with resources from settings."""
+
+from __future__ import annotations
+
+from dagster import Definitions, in_process_executor, load_assets_from_modules
+
+from backfill_platform.assets import marts, raw, staging
+from backfill_platform.resources import (
+    DeltaIOManager,
+    LakehouseResource,
+    LandingZoneResource,
+    SparkSessionResource,
+)
+from backfill_platform.settings import (
+    LAKEHOUSE_DIR,
+    LANDING_DIR,
+    SPARK_DRIVER_MEMORY,
+    SPARK_MASTER,
+    SPARK_SHUFFLE_PARTITIONS,
+    setting,
+)
+
+
+def build_resources(
+    landing_dir: str | None = None,
+    lakehouse_dir: str | None = None,
+    spark: SparkSessionResource | None = None,
+) -> dict[str, object]:
+    """Resources from settings; tests and tools pass their own directories."""
+    spark = spark or SparkSessionResource(
+        master=setting(SPARK_MASTER),
+        shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
+        driver_memory=setting(SPARK_DRIVER_MEMORY),
+    )
+    lakehouse = LakehouseResource(root_dir=lakehouse_dir or setting(LAKEHOUSE_DIR), spark=spark)
+    return {
+        "spark": spark,
+        "landing": LandingZoneResource(landing_dir=landing_dir or setting(LANDING_DIR)),
+        "lakehouse": lakehouse,
+        "io_manager": DeltaIOManager(lakehouse=lakehouse),
+    }
+
+
+all_assets = load_assets_from_modules([raw, staging, marts])
+
+defs = Definitions(
+    assets=all_assets,
+    resources=build_resources(),
+    # One process and one Spark session per run: a ranged run pays JVM start-up once.
+    executor=in_process_executor,
+)

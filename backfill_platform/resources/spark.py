@@ -1,0 +1,134 @@
+"""One SparkSession per process, with Delta Lake on the classpath from pre-fetched jars.
+
+Runs use the in-process executor, so every step of a run shares this session: a ranged
+run pays the JVM start-up once. The Delta jars are fetched once by `make install`
+(`python -m backfill_platform.resources.spark --fetch-jars`), so no run waits on the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field
+from pyspark.sql import SparkSession
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DELTA_JARS_POM = REPO_ROOT / "build-support" / "delta-jars.pom.xml"
+
+
+def spark_jars_dir() -> Path:
+    return Path(os.environ.get("BACKFILL_SPARK_JARS_DIR", REPO_ROOT / ".spark-jars"))
+
+
+def delta_jars() -> list[str]:
+    jars = sorted(str(p) for p in spark_jars_dir().glob("*.jar"))
+    if not any("delta-spark" in Path(j).name for j in jars):
+        raise RuntimeError(
+            f"Delta Lake jars are missing from {spark_jars_dir()}; run `make install` "
+            "(or `python -m backfill_platform.resources.spark --fetch-jars`)."
+        )
+    return jars
+
+
+class SparkSessionResource(ConfigurableResource):
+    """Typed Spark settings; `get_session()` returns the process's session, creating it once."""
+
+    master: str = Field(default="local[*]", description="Spark master URL (SPARK_MASTER).")
+    app_name: str = "backfill_platform"
+    shuffle_partitions: int = Field(
+        default=4, description="Few partitions: daily partitions are small, tasks cost overhead."
+    )
+    driver_memory: str = "3g"
+    ui_enabled: bool = False
+    extra_conf: dict[str, str] = Field(default_factory=dict)
+
+    def get_session(self) -> SparkSession:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
+        builder = SparkSession.builder.master(self.master).appName(self.app_name)
+        for key, value in self._conf().items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("WARN")
+        return session
+
+    def _conf(self) -> dict[str, str]:
+        conf = {
+            "spark.jars": ",".join(delta_jars()),
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
+            "spark.sql.adaptive.enabled": "true",
+            "spark.sql.adaptive.skewJoin.enabled": "true",
+            "spark.default.parallelism": str(max(2, self.shuffle_partitions)),
+            # Delta rebuilds table state with this many tasks; its default (50) dominates
+            # the cost of every small commit on a laptop-sized cluster.
+            "spark.databricks.delta.snapshotPartitions": "2",
+            "spark.driver.memory": self.driver_memory,
+            "spark.ui.enabled": str(self.ui_enabled).lower(),
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.sources.partitionOverwriteMode": "static",
+            "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        }
+        conf.update(self.extra_conf)
+        return conf
+
+
+def fetch_delta_jars(target: Path | None = None) -> list[Path]:
+    """Resolve the Delta jars through Maven (which honours the machine's Maven settings).
+
+    Only `io.delta` artifacts are kept: everything else they depend on ships with pyspark,
+    and a second copy of Jackson or Parquet on the classpath breaks Spark.
+    """
+    target = target or spark_jars_dir()
+    if any(target.glob("delta-spark*.jar")):
+        return sorted(target.glob("*.jar"))
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(DELTA_JARS_POM),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                "-DincludeGroupIds=io.delta",
+                f"-DoutputDirectory={tmp}",
+            ],
+            check=True,
+        )
+        target.mkdir(parents=True, exist_ok=True)
+        for jar in Path(tmp).glob("*.jar"):
+            shutil.copy2(jar, target / jar.name)
+    return sorted(target.glob("*.jar"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fetch-jars", action="store_true", help="download the Delta jars")
+    parser.add_argument("--check", action="store_true", help="start Spark and write a Delta table")
+    args = parser.parse_args(argv)
+    if args.fetch_jars:
+        for jar in fetch_delta_jars():
+            print(jar)
+    if args.check:
+        spark = SparkSessionResource(master="local[1]").get_session()
+        with tempfile.TemporaryDirectory() as tmp:
+            spark.range(3).write.format("delta").save(tmp + "/t")
+            rows = spark.read.format("delta").load(tmp + "/t").count()
+        print(f"spark {spark.version} with Delta: ok ({rows} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

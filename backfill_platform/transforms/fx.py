@@ -1,0 +1,135 @@
+"""FX rates (contract 1.2): parsing rate files and point-in-time conversion to USD."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+HEADER = "currency,usd_per_unit"
+RATE_TYPE = "decimal(18,8)"
+# amount DECIMAL(18,2) x rate DECIMAL(18,8) is DECIMAL(37,10): exact, no rounding anywhere.
+USD_TYPE = "decimal(38,10)"
+REACH_DAYS = 7
+
+
+class FxRateError(ValueError):
+    """An FX input makes a partition impossible to compute correctly."""
+
+
+def parse_rates(lines: DataFrame) -> DataFrame:
+    """Rate lines with typed currency and usd_per_unit; `reject_reason` for unusable lines.
+
+    The header is checked per file by the caller (`bad_headers`); it is not a rate line.
+    """
+    data = lines.where(~F.col("is_blank"))
+    first = F.min("line_number").over(_per_file())
+    fields = F.split("line", ",", -1)
+    rate_text = fields.getItem(1)
+    reason = (
+        F.when(F.col("line_bytes").isNotNull(), "invalid_utf8")
+        .when(F.size(fields) != 2, "wrong_field_count")
+        .when(~F.regexp_like(fields.getItem(0), F.lit("^[A-Z]{3}$")), "invalid_currency")
+        .when(~F.regexp_like(rate_text, F.lit(r"^\d+(\.\d{1,8})?$")), "invalid_rate")
+        .when(F.expr(f"try_cast(split(line, ',', -1)[1] AS {RATE_TYPE})") <= 0, "invalid_rate")
+    )
+    return (
+        data.withColumn("_first", first)
+        .where(F.col("line_number") != F.col("_first"))
+        .select(
+            F.col("day").alias("rate_date"),
+            "file_name",
+            "line_number",
+            "line",
+            F.when(reason.isNull(), fields.getItem(0)).alias("currency"),
+            F.when(reason.isNull(), F.expr(f"try_cast(split(line, ',', -1)[1] AS {RATE_TYPE})"))
+            .cast(RATE_TYPE)
+            .alias("usd_per_unit"),
+            reason.alias("reject_reason"),
+            "_source_path",
+        )
+    )
+
+
+def bad_headers(lines: DataFrame) -> list[str]:
+    """Files whose first non-blank line is not the contract's header, as 'path (line N)'."""
+    data = lines.where(~F.col("is_blank"))
+    firsts = (
+        data.withColumn("_first", F.min("line_number").over(_per_file()))
+        .where((F.col("line_number") == F.col("_first")) & (F.col("line") != HEADER))
+        .select("_source_path", "line_number", "line")
+        .collect()
+    )
+    return [f"{r['_source_path']} (line {r['line_number']}: {r['line'][:80]!r})" for r in firsts]
+
+
+def conflicting_rates(rates: DataFrame) -> list[str]:
+    """(day, currency) pairs delivered with two different valid rates: which one is true?"""
+    rows = (
+        rates.where(F.col("reject_reason").isNull())
+        .groupBy("rate_date", "currency")
+        .agg(F.countDistinct("usd_per_unit").alias("n"), F.collect_set("file_name").alias("files"))
+        .where("n > 1")
+        .collect()
+    )
+    return [f"{r['rate_date']} {r['currency']} in {sorted(r['files'])}" for r in rows]
+
+
+def point_in_time_rates(pairs: DataFrame, rates: DataFrame) -> DataFrame:
+    """For each (event_date, currency): the rate of the latest rate_date within the reach.
+
+    USD is 1 by definition. A pair with no rate in [event_date - 7, event_date] gets NULL;
+    callers must fail the partition rather than guess (`require_rates`).
+    """
+    valid = rates.where(F.col("reject_reason").isNull()).select(
+        "rate_date", "currency", "usd_per_unit"
+    )
+    candidates = pairs.join(
+        F.broadcast(valid),
+        (pairs.currency == valid.currency)
+        & (valid.rate_date <= pairs.event_date)
+        & (valid.rate_date >= F.date_sub(pairs.event_date, REACH_DAYS)),
+        "left",
+    ).select(pairs.event_date, pairs.currency, valid.rate_date, valid.usd_per_unit)
+    latest = candidates.groupBy("event_date", "currency").agg(
+        F.max_by("usd_per_unit", "rate_date").alias("usd_per_unit")
+    )
+    return latest.select(
+        "event_date",
+        "currency",
+        F.when(F.col("currency") == "USD", F.lit(1).cast(RATE_TYPE))
+        .otherwise(F.col("usd_per_unit"))
+        .cast(RATE_TYPE)
+        .alias("usd_per_unit"),
+    )
+
+
+def require_rates(rated_pairs: DataFrame) -> None:
+    """Fails with every (day, currency) that has no usable rate, naming them."""
+    missing = (
+        rated_pairs.where(F.col("usd_per_unit").isNull())
+        .select("event_date", "currency")
+        .orderBy("event_date", "currency")
+        .collect()
+    )
+    if missing:
+        listed = ", ".join(f"{r['event_date']} {r['currency']}" for r in missing[:20])
+        raise FxRateError(
+            f"No FX rate within {REACH_DAYS} days for {len(missing)} (event_date, currency) "
+            f"pair(s): {listed}. The partition is not written; deliver the missing "
+            "fx_rates files and re-run it."
+        )
+
+
+def with_usd(orders: DataFrame, rates: DataFrame) -> DataFrame:
+    """Orders with `usd_per_unit` and exact `amount_usd`; raises if any order lacks a rate."""
+    pairs = orders.select("event_date", "currency").distinct()
+    rated = point_in_time_rates(pairs, rates).cache()
+    require_rates(rated)
+    joined = orders.join(F.broadcast(rated), ["event_date", "currency"], "left")
+    return joined.withColumn("amount_usd", (F.col("amount") * F.col("usd_per_unit")).cast(USD_TYPE))
+
+
+def _per_file():
+    from pyspark.sql import Window
+
+    return Window.partitionBy("_source_path")

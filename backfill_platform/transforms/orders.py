@@ -1,0 +1,171 @@
+"""Order records: parsing and validation (contract 1.1) and latest-wins deduplication.
+
+Parsing uses Spark's VARIANT (`try_parse_json`): unlike `from_json`, it keeps each JSON
+value's type (a number is not a string, `1e2` is a DOUBLE, `12.5` an exact DECIMAL) and
+refuses NaN, Infinity and duplicate keys, which is what the contract's rules need.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+REQUIRED_FIELDS = ("order_id", "event_time", "updated_at", "status", "currency", "amount")
+STRING_FIELDS = ("order_id", "event_time", "updated_at", "status", "currency")
+STATUSES = ("placed", "paid", "refunded", "cancelled")
+TIMESTAMP_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
+MAX_AMOUNT = 10**16  # amounts are stored as DECIMAL(18,2)
+AMOUNT_TYPE = "decimal(18,2)"
+UNKNOWN_CURRENCY = "unknown_currency"
+
+
+def _field(doc: Column, name: str) -> Column:
+    return F.try_variant_get(doc, f"$.{name}", "variant")
+
+
+def _type(doc: Column, name: str) -> Column:
+    return F.schema_of_variant(_field(doc, name))
+
+
+def _string(doc: Column, name: str) -> Column:
+    return F.try_variant_get(doc, f"$.{name}", "string")
+
+
+def _timestamp(text: Column) -> Column:
+    """RFC 3339 with a mandatory offset; the cast checks the calendar (no Feb 30)."""
+    return F.when(
+        F.regexp_like(text, F.lit(TIMESTAMP_PATTERN)), F.expr("try_cast(_ts_text AS timestamp)")
+    )
+
+
+def parse_orders(lines: DataFrame) -> DataFrame:
+    """Adds typed order fields and `reject_reason` (NULL for a valid line) to landing lines.
+
+    Rules are checked in the contract's order and the first failure names the reason, so a
+    line with several faults always gets the same reason. The currency rule needs the whole
+    FX history and is applied in staging (`with_unknown_currency`).
+    """
+    doc = F.col("_doc")
+    is_number = F.col("_amount_type").isin("BIGINT", "DOUBLE") | F.col("_amount_type").startswith(
+        "DECIMAL"
+    )
+    amount_text = F.col("_amount_text")
+    amount_value = F.expr("try_cast(_amount_text AS decimal(38,2))")
+
+    checks: list[tuple[Column, str]] = [
+        (F.col("line_bytes").isNotNull(), "invalid_utf8"),
+        (doc.isNull(), "invalid_json"),
+        (~F.schema_of_variant(doc).startswith("OBJECT"), "not_an_object"),
+    ]
+    checks += [
+        (_field(doc, f).isNull() | F.is_variant_null(_field(doc, f)), f"missing_field:{f}")
+        for f in REQUIRED_FIELDS
+    ]
+    checks += [
+        (_type(doc, "order_id") != "STRING", "wrong_type:order_id"),
+        (
+            _field(doc, "customer_id").isNotNull()
+            & ~F.is_variant_null(_field(doc, "customer_id"))
+            & (_type(doc, "customer_id") != "STRING"),
+            "wrong_type:customer_id",
+        ),
+    ]
+    checks += [(_type(doc, f) != "STRING", f"wrong_type:{f}") for f in STRING_FIELDS[1:]]
+    checks += [
+        (~(is_number | (F.col("_amount_type") == "STRING")), "wrong_type:amount"),
+        (_string(doc, "order_id") == "", "empty_order_id"),
+        (F.col("_event_time").isNull(), "invalid_timestamp:event_time"),
+        (F.col("_updated_at").isNull(), "invalid_timestamp:updated_at"),
+        (~_string(doc, "status").isin(*STATUSES), "unknown_status"),
+        # JSON numbers: an exponent (or more digits than DECIMAL holds) parses as DOUBLE.
+        (is_number & (F.col("_amount_type") == "DOUBLE"), "invalid_amount"),
+        (
+            F.regexp_like(amount_text, F.lit(r"^-\d+(\.\d+)?$"))
+            & (F.expr("try_cast(_amount_text AS decimal(38,10))") < 0),
+            "negative_amount",
+        ),
+        (~F.regexp_like(amount_text, F.lit(r"^\d+(\.\d+)?$")), "invalid_amount"),
+        # Trailing zeros don't count: JSON numbers reach us normalized (1.50 -> 1.5).
+        (~F.regexp_like(amount_text, F.lit(r"^\d+(\.\d{0,2}0*)?$")), "too_many_decimals"),
+        (amount_value.isNull() | (amount_value >= MAX_AMOUNT), "amount_out_of_range"),
+    ]
+    reason = F.lit(None).cast("string")
+    for condition, name in reversed(checks):
+        reason = F.when(F.coalesce(condition, F.lit(False)), F.lit(name)).otherwise(reason)
+
+    parsed = (
+        lines.withColumn("_doc", F.when(F.col("line_bytes").isNull(), F.try_parse_json("line")))
+        .withColumn("_amount_type", _type(doc, "amount"))
+        .withColumn("_amount_text", _string(doc, "amount"))
+        .withColumn("_ts_text", _string(doc, "event_time"))
+        .withColumn("_event_time", _timestamp(F.col("_ts_text")))
+        .withColumn("_ts_text", _string(doc, "updated_at"))
+        .withColumn("_updated_at", _timestamp(F.col("_ts_text")))
+        .withColumn("reject_reason", reason)
+    )
+    valid = F.col("reject_reason").isNull()
+    return parsed.select(
+        *lines.columns,
+        F.when(valid, _string(doc, "order_id")).alias("order_id"),
+        F.when(valid, _string(doc, "customer_id")).alias("customer_id"),
+        F.when(valid, F.col("_event_time")).alias("event_time"),
+        F.when(valid, F.col("_updated_at")).alias("updated_at"),
+        F.when(valid, _string(doc, "status")).alias("status"),
+        F.when(valid, _string(doc, "currency")).alias("currency"),
+        F.when(valid, amount_value.cast(AMOUNT_TYPE)).alias("amount"),
+        F.when(valid, F.to_date(F.col("_event_time"))).alias("event_date"),
+        "reject_reason",
+    )
+
+
+def with_unknown_currency(raw: DataFrame, known_currencies: list[str]) -> DataFrame:
+    """Marks otherwise valid rows whose currency has no rate anywhere (contract 1.1)."""
+    unknown = F.col("reject_reason").isNull() & ~F.col("currency").isin(*known_currencies)
+    return raw.withColumn(
+        "reject_reason", F.when(unknown, F.lit(UNKNOWN_CURRENCY)).otherwise(F.col("reject_reason"))
+    )
+
+
+def latest_wins(valid: DataFrame) -> DataFrame:
+    """One row per order_id: the version with the greatest updated_at, ties broken by the
+    latest arrival (ingest_date, then file name, then line number), as contract 1.1 says.
+
+    max(struct) compares field by field, so this is one hash aggregation with partial
+    (map-side) aggregation rather than a sort of every version.
+    """
+    version = F.struct(
+        "updated_at",
+        "ingest_date",
+        "file_name",
+        "line_number",
+        "order_id",
+        "customer_id",
+        "event_time",
+        "event_date",
+        "status",
+        "currency",
+        "amount",
+    )
+    return (
+        valid.groupBy("order_id")
+        .agg(
+            F.max(version).alias("v"),
+            F.count(F.lit(1)).alias("raw_versions"),
+            F.min("ingest_date").alias("first_ingest_date"),
+        )
+        .select(
+            F.col("v.event_date").alias("event_date"),
+            "order_id",
+            F.col("v.customer_id").alias("customer_id"),
+            F.col("v.event_time").alias("event_time"),
+            F.col("v.updated_at").alias("updated_at"),
+            F.col("v.status").alias("status"),
+            F.col("v.currency").alias("currency"),
+            F.col("v.amount").alias("amount"),
+            F.col("v.ingest_date").alias("ingest_date"),
+            F.col("v.file_name").alias("file_name"),
+            F.col("v.line_number").alias("line_number"),
+            "raw_versions",
+            "first_ingest_date",
+        )
+    )
