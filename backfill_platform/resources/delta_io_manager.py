@@ -11,7 +11,6 @@ from dagster import (
     InputContext,
     MetadataValue,
     OutputContext,
-    TimeWindow,
 )
 from pyspark.sql import DataFrame
 
@@ -36,7 +35,7 @@ class DeltaIOManager(ConfigurableIOManager):
             partition_column=column,
             start=window.start.date(),
             end=window.end.date(),
-            user_metadata=commit_metadata(context, window),
+            user_metadata=commit_metadata(context),
         )
         context.add_output_metadata(
             {
@@ -66,13 +65,11 @@ class DeltaIOManager(ConfigurableIOManager):
         return self.lakehouse.read_range(key, column, window.start.date(), window.end.date())
 
 
-def commit_metadata(context: OutputContext, window: TimeWindow) -> dict[str, str | None]:
-    """What every Delta commit records, so `history` can answer who wrote a partition and how."""
+def commit_metadata(context: OutputContext) -> dict[str, str | None]:
+    """Who wrote the commit and with which code (the lakehouse adds the partition range)."""
     return {
         "dagster_run_id": context.run_id,
         "asset_key": table_name(context.asset_key),
-        "partition_start": window.start.date().isoformat(),
-        "partition_end": window.end.date().isoformat(),
         "code_version": context.asset_spec.code_version,
     }
 

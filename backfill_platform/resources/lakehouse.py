@@ -120,7 +120,14 @@ class LakehouseResource(ConfigurableResource):
         name = table_name(key)
         path = self.table_path(key)
         token = uuid.uuid4().hex
-        metadata = {**user_metadata, "table": name, "commit_token": token}
+        metadata = {
+            **user_metadata,
+            "table": name,
+            "partition_column": partition_column,
+            "partition_start": start.isoformat(),
+            "partition_end": end.isoformat(),
+            "commit_token": token,
+        }
         predicate = _range_predicate(column=partition_column, start=start, end=end)
         with self.table_lock(key):
             exists = self.exists(key)

@@ -1,0 +1,72 @@
+# The two set-up commands are `make demo` and `make test`; both install what they need.
+SHELL := /bin/bash
+PYTHON_BIN ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+JARS := .spark-jars/.fetched
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+DAGSTER_YAML ?= deploy/dagster.yaml
+
+# Demo scale: three years at a modest size (override: make demo ORDERS_PER_DAY=300).
+DEMO_START ?= 2023-01-01
+DEMO_END ?= 2025-12-31
+ORDERS_PER_DAY ?= 100
+SEED ?= 7
+
+.PHONY: install jars dagster-home demo test test-fast ui lint format bench reliability reliability-small e2e clean-data
+
+install: $(INSTALLED) $(JARS)
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON_BIN) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# Delta's jars, fetched once through Maven so no run waits on the network afterwards.
+$(JARS): $(INSTALLED) build-support/delta-jars.pom.xml
+	$(PY) -m backfill_platform.resources.spark --fetch-jars
+	touch $@
+
+jars: $(JARS)
+
+dagster-home:
+	mkdir -p $(DAGSTER_HOME)
+	cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
+
+demo: install dagster-home
+	$(PY) -m backfill_platform.demo --start $(DEMO_START) --end $(DEMO_END) \
+		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 backfill_platform_tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" backfill_platform_tests
+
+ui: install dagster-home
+	$(VENV)/bin/dagster dev -w workspace.yaml
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: install
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+reliability: install
+	$(PY) -m pytest -q -p no:cacheprovider backfill_platform_tests/reliability --reliability-size=full
+
+reliability-small: install
+	$(PY) -m pytest -q -p no:cacheprovider backfill_platform_tests/reliability --reliability-size=small
+
+e2e: install
+	bash deploy/e2e.sh
+
+clean-data:
+	rm -rf data $(DAGSTER_HOME)
