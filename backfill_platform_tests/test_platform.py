@@ -1,0 +1,126 @@
+"""The incident this product exists to prevent, and the rules that make re-runs safe."""
+
+import json
+
+import pytest
+from dagster import AssetKey
+
+from backfill_platform_tests.harness import Platform, order_line
+
+DAYS = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04", "2024-01-05", "2024-01-06"]
+
+
+def _deliver_week(platform: Platform) -> None:
+    for i, day in enumerate(DAYS):
+        platform.write_rates(day, {"EUR": f"1.{10 + i}", "GBP": "1.25"})
+        platform.write_orders(
+            day,
+            [
+                order_line(f"o{i}a", f"{day}T08:00:00Z", customer_id="c1", currency="EUR"),
+                order_line(f"o{i}b", f"{day}T09:00:00+02:00", customer_id="c2", amount=3),
+                order_line(f"o{i}c", f"{day}T10:00:00Z", customer_id=None, status="placed"),
+                # delivered twice (at-least-once): must not double anything
+                order_line(f"o{i}a", f"{day}T08:00:00Z", customer_id="c1", currency="EUR"),
+            ],
+        )
+    # A late version of day 2's order arrives on day 5 and wins.
+    platform.write_orders(
+        DAYS[4],
+        [order_line("o1b", "2024-01-02T09:00:00+02:00", "2024-01-05T00:00:00Z", "refunded")],
+        name="late.jsonl",
+    )
+
+
+@pytest.mark.slow
+def test_backfilling_a_range_twice_leaves_every_table_identical(platform):
+    """The doubled-history incident: a second backfill must not add a second copy."""
+    _deliver_week(platform)
+    runs = platform.backfill(DAYS[0], DAYS[-1], per_run=3)
+    assert all(r.success for r in runs) and len(runs) == 4  # 2 raw chunks + 2 downstream
+    first = platform.snapshot()
+    versions = {t: platform.version(t) for t in first}
+    platform.backfill(DAYS[0], DAYS[-1], per_run=3)
+    assert platform.snapshot() == first
+    assert all(platform.version(t) > versions[t] for t in first)  # it really rewrote
+
+    staged = first["staging/orders"]
+    assert len(staged) == len({r["order_id"] for r in staged}) == 18
+    assert next(r for r in staged if r["order_id"] == "o1b")["status"] == "refunded"
+    fct = {(str(r["event_date"]), r["currency"]): r for r in first["marts/fct_daily_revenue"]}
+    assert fct[("2024-01-01", "EUR")]["orders"] == 1
+    assert fct[("2024-01-02", "USD")]["paid_orders"] == 0  # o1b was refunded late
+    assert len(first["raw/orders"]) == 6 * 4 + 1  # every delivered line, duplicates kept
+
+    # Every commit names its run, range and code version.
+    commit = platform.resources["lakehouse"].history("marts/fct_daily_revenue", limit=1)[0]
+    meta = commit["metadata"]
+    assert meta["code_version"] == "fct-daily-revenue-1"
+    assert (meta["partition_start"], meta["partition_end"]) == ("2024-01-04", "2024-01-07")
+    assert platform.instance.get_run_by_id(meta["dagster_run_id"]) is not None
+
+
+@pytest.mark.slow
+def test_rerunning_one_partition_inside_a_range_changes_nothing_else(platform):
+    _deliver_week(platform)
+    platform.backfill(DAYS[0], DAYS[-1], per_run=6)
+    before = platform.snapshot()
+    result = platform.materialize(
+        DAYS[2], selection=["staging/orders", "staging/orders_rejects", "marts/fct_daily_revenue"]
+    )
+    assert platform.snapshot() == before
+    mats = result.asset_materializations_for_node("marts__fct_daily_revenue")
+    assert [m.partition for m in mats] == [DAYS[2]]
+    metadata = mats[0].metadata
+    assert metadata["rows_written"].value == 2 and metadata["partition_range"].value == (
+        "[2024-01-03, 2024-01-04)"
+    )
+    last = platform.resources["lakehouse"].history("staging/orders", limit=1)[0]
+    assert (last["metadata"]["partition_start"], last["metadata"]["partition_end"]) == (
+        "2024-01-03",
+        "2024-01-04",
+    )
+
+
+@pytest.mark.slow
+def test_customer_ltv_refuses_to_skip_ahead_and_ranges_equal_day_by_day(platform, tmp_path):
+    _deliver_week(platform)
+    platform.materialize(DAYS[0], DAYS[-1], selection=["raw/orders", "raw/fx_rates"])
+    platform.materialize(DAYS[0], DAYS[-1], selection=["staging/orders", "staging/orders_rejects"])
+    skipped = platform.materialize(
+        DAYS[3], DAYS[4], selection=["marts/customer_ltv"], raise_on_error=False
+    )
+    assert not skipped.success
+    failure = next(e for e in skipped.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "no snapshot for 2024-01-03" in failure.step_failure_data.error.message
+
+    platform.materialize(DAYS[0], DAYS[-1], selection=["marts/customer_ltv"])
+    ranged = platform.rows("marts/customer_ltv")
+    for day in DAYS:  # the same snapshots, one run per day, oldest first
+        platform.materialize(day, selection=["marts/customer_ltv"])
+    assert platform.rows("marts/customer_ltv") == ranged
+    c1 = [r for r in ranged if r["customer_id"] == "c1"]
+    assert [r["lifetime_paid_orders"] for r in c1] == [1, 2, 3, 4, 5, 6]
+    assert {str(r["first_order_date"]) for r in c1} == {"2024-01-01"}
+    assert not any(r["customer_id"] is None for r in ranged)
+
+
+def test_definitions_load_with_every_contract_asset_key():
+    from backfill_platform.definitions import defs
+
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {
+        "raw/orders",
+        "raw/fx_rates",
+        "staging/orders",
+        "staging/orders_rejects",
+        "marts/fct_daily_revenue",
+        "marts/customer_ltv",
+    } <= keys
+    graph = defs.resolve_asset_graph()
+    staging = graph.get(AssetKey(["staging", "orders"]))
+    assert AssetKey(["raw", "orders"]) in staging.parent_keys
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        if node.is_materializable:
+            assert node.backfill_policy is not None, key
+    json.dumps(sorted(keys))
