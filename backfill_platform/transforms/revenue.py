@@ -11,6 +11,9 @@ from pyspark.sql import types as T
 from backfill_platform.transforms.fx import USD_TYPE
 
 LOCAL_TYPE = "decimal(38,2)"
+# Spark adds two DECIMAL(38,10) by rounding to 9 places (the sum could need 39 digits);
+# lifetime sums stay far below 10^20, so add in DECIMAL(30,10), which is exact.
+_SUM_TYPE = "decimal(30,10)"
 
 LTV_SCHEMA = T.StructType(
     [
@@ -57,20 +60,20 @@ def customer_ltv(
         .groupBy("customer_id", F.col("event_date").alias("snapshot_date"))
         .agg(
             F.count(F.lit(1)).alias("day_orders"),
-            F.sum("amount_usd").cast(USD_TYPE).alias("day_revenue_usd"),
+            F.sum("amount_usd").cast(_SUM_TYPE).alias("day_revenue_usd"),
         )
     )
     base = (
         previous.select(
             "customer_id",
             F.col("lifetime_paid_orders").alias("base_orders"),
-            F.col("lifetime_revenue_usd").alias("base_revenue_usd"),
+            F.col("lifetime_revenue_usd").cast(_SUM_TYPE).alias("base_revenue_usd"),
             F.col("first_order_date").alias("base_first_order_date"),
         )
         if previous is not None
         else spark.createDataFrame(
             [],
-            "customer_id string, base_orders bigint, base_revenue_usd decimal(38,10), "
+            "customer_id string, base_orders bigint, base_revenue_usd decimal(30,10), "
             "base_first_order_date date",
         )
     )
@@ -101,8 +104,10 @@ def customer_ltv(
             .cast("bigint")
             .alias("lifetime_paid_orders"),
             (
-                F.coalesce(F.col("base_revenue_usd"), F.lit(0))
-                + F.sum(F.coalesce(F.col("day_revenue_usd"), F.lit(0))).over(running)
+                F.coalesce(F.col("base_revenue_usd"), F.lit(0).cast(_SUM_TYPE))
+                + F.sum(F.coalesce(F.col("day_revenue_usd"), F.lit(0)))
+                .over(running)
+                .cast(_SUM_TYPE)
             )
             .cast(USD_TYPE)
             .alias("lifetime_revenue_usd"),

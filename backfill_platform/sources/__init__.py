@@ -1,0 +1,1 @@
+"""Sources: the demo generator that writes a landing zone to the contract."""
