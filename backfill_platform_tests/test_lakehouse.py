@@ -113,10 +113,13 @@ WRITER = textwrap.dedent(
     df = spark.createDataFrame([(day.isoformat(), i) for i in range(100)], "d string, v int")
     df = df.select(F.to_date("d").alias("d"), "v")
     import os, time
+    # Start line: commit only once every writer's JVM is up, so the commits really race.
     open(barrier + "." + sys.argv[2], "w").close()
-    while len([p for p in os.listdir(os.path.dirname(barrier)) if p.startswith("go")]) < int(sys.argv[4]):
+    folder, writers = os.path.dirname(barrier), int(sys.argv[4])
+    while len([p for p in os.listdir(folder) if p.startswith("go")]) < writers:
         time.sleep(0.05)
-    lake.replace_range("raw/shared", df, "d", day, day + timedelta(days=1), {"writer": sys.argv[2]})
+    end = day + timedelta(days=1)
+    lake.replace_range("raw/shared", df, "d", day, end, {"writer": sys.argv[2]})
     """
 )
 
