@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import Definitions, in_process_executor, load_assets_from_modules
 
 from backfill_platform.assets import marts, raw, staging
+from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.resources import (
     DeltaIOManager,
     LakehouseResource,
@@ -46,6 +47,9 @@ all_assets = load_assets_from_modules([raw, staging, marts])
 defs = Definitions(
     assets=all_assets,
     resources=build_resources(),
+    jobs=all_jobs,
+    schedules=all_schedules,
+    sensors=all_sensors,
     # One process and one Spark session per run: a ranged run pays JVM start-up once.
     executor=in_process_executor,
 )

@@ -51,6 +51,7 @@ def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> Dat
 
 @asset(
     key=FCT_DAILY_REVENUE,
+    pool="lakehouse_downstream",  # serializes staging/marts writers (deploy/dagster.yaml)
     group_name="marts",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
@@ -80,6 +81,7 @@ def fct_daily_revenue(
 
 @asset(
     key=CUSTOMER_LTV,
+    pool="lakehouse_downstream",
     group_name="marts",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),

@@ -25,6 +25,7 @@ from backfill_platform.transforms.orders import parse_orders
 
 @asset(
     key=RAW_ORDERS,
+    pool="lakehouse_raw",  # concurrency pool: serializes raw writers (deploy/dagster.yaml)
     group_name="raw",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
@@ -65,6 +66,7 @@ def raw_orders(
 
 @asset(
     key=RAW_FX_RATES,
+    pool="lakehouse_raw",
     group_name="raw",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),

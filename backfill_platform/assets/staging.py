@@ -63,6 +63,7 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
     ],
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
+    pool="lakehouse_downstream",  # serializes staging/marts writers (deploy/dagster.yaml)
 )
 def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource):
     start, end = run_dates(context)

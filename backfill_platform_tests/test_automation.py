@@ -1,0 +1,424 @@
+"""The live path against a real Dagster instance (DAGSTER_HOME with deploy/dagster.yaml):
+sensors are evaluated tick by tick and the runs they request are executed in process with
+the requests' tags, as the daemon would launch them."""
+
+import shutil
+from collections import defaultdict
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AssetMaterialization,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    Definitions,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_schedule_context,
+    build_sensor_context,
+    in_process_executor,
+)
+
+from backfill_platform.assets.common import CUSTOMER_LTV, RAW_ORDERS, STAGING_ORDERS
+from backfill_platform.automation import all_jobs, all_schedules, all_sensors
+from backfill_platform.automation.schedules import daily_live_schedule
+from backfill_platform.automation.sensors import (
+    AUTO_REPAIR_ENV,
+    landing_sensor,
+    latest_audit,
+    rolling_window_sensor,
+    stale_partitions_sensor,
+)
+from backfill_platform.automation.staleness import (
+    LTV_STEP,
+    STAGING_STEP,
+    RepairStep,
+    StalenessReport,
+    contiguous,
+)
+from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
+
+REPO = Path(__file__).resolve().parents[1]
+EUR_RATE = Decimal("1.10")
+
+
+def _instance(home: Path) -> DagsterInstance:
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    return DagsterInstance.from_config(str(home))
+
+
+def _defs(resources) -> Definitions:
+    return Definitions(
+        assets=all_assets,
+        jobs=all_jobs,
+        schedules=all_schedules,
+        sensors=all_sensors,
+        resources=resources,
+        executor=in_process_executor,
+    )
+
+
+class Daemon:
+    """Evaluates sensor ticks with their cursors and launches the requested runs in process."""
+
+    def __init__(self, resources, instance: DagsterInstance):
+        self.defs, self.resources, self.instance = _defs(resources), resources, instance
+        self.cursors: dict[str, str | None] = {}
+        self.run_keys: set[str] = set()
+
+    def tick(self, sensor) -> tuple[list[RunRequest], str | None, list]:
+        with build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursors.get(sensor.name),
+            definitions=self.defs,
+            resources=self.resources,
+        ) as context:
+            result = sensor(context)
+        if isinstance(result, SkipReason):
+            return [], result.skip_message, []
+        if isinstance(result, RunRequest):
+            result = SensorResult(run_requests=[result])
+        assert isinstance(result, SensorResult)
+        if result.cursor is not None:
+            self.cursors[sensor.name] = result.cursor
+        requests = list(result.run_requests or [])
+        for request in requests:  # the daemon never launches one run key twice
+            assert request.run_key not in self.run_keys
+            self.run_keys.add(request.run_key)
+        skip = result.skip_reason.skip_message if result.skip_reason else None
+        return requests, skip, list(result.asset_events or [])
+
+    def launch(self, sensor, request: RunRequest) -> str:
+        job_name = request.job_name or sensor.job_name
+        job = self.defs.resolve_job_def(job_name)
+        result = job.execute_in_process(
+            instance=self.instance, tags={**request.tags, "dagster/run_key": request.run_key}
+        )
+        assert result.success
+        return result.run_id
+
+    def audit(self, sensor) -> str:
+        """A tick that must request exactly one staleness audit, launched."""
+        requests, skip, _ = self.tick(sensor)
+        assert [r.job_name for r in requests] == ["staleness_audit_job"], skip
+        return self.launch(sensor, requests[0])
+
+
+def _range(request: RunRequest) -> tuple[str, str]:
+    return request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]
+
+
+def _day(i: int) -> str:
+    return (date(2024, 1, 1) + timedelta(days=i - 1)).isoformat()
+
+
+# -- fast: configuration and pure logic ----------------------------------------------------
+def test_dagster_yaml_queues_two_runs_one_writer_per_layer_and_retries(tmp_path):
+    instance = _instance(tmp_path / "home")
+    config = instance.get_concurrency_config()
+    assert config.run_queue_config.max_concurrent_runs == 2
+    assert config.pool_config.default_pool_limit == 1
+    assert config.pool_config.pool_granularity.value == "run"
+    assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+    pools = {k.to_user_string(): a.op.pool for a in all_assets for k in a.keys}
+    assert {pools["raw/orders"], pools["raw/fx_rates"]} == {"lakehouse_raw"}
+    assert {
+        pools[k]
+        for k in (
+            "staging/orders",
+            "staging/orders_rejects",
+            "marts/fct_daily_revenue",
+            "marts/customer_ltv",
+        )
+    } == {"lakehouse_downstream"}
+
+
+def test_repair_plan_rebuilds_exactly_the_stale_days_then_ltv_to_the_newest_snapshot():
+    d = date.fromisoformat
+    assert contiguous([d("2024-01-07"), d("2024-01-04"), d("2024-01-05")]) == [
+        (d("2024-01-04"), d("2024-01-05")),
+        (d("2024-01-07"), d("2024-01-07")),
+    ]
+    report = StalenessReport(
+        staging={d("2024-01-04"): 1, d("2024-01-05"): 2, d("2024-01-13"): 1},
+        fct=[d("2024-01-08")],
+        ltv_through=d("2024-01-14"),
+    )
+    window = [d("2024-01-12"), d("2024-01-13"), d("2024-01-14")]
+    assert report.plan(exclude=window) == [
+        RepairStep(STAGING_STEP, d("2024-01-04"), d("2024-01-05")),
+        RepairStep(STAGING_STEP, d("2024-01-08"), d("2024-01-08")),
+        RepairStep(LTV_STEP, d("2024-01-04"), d("2024-01-14")),
+    ]
+    only_ltv = StalenessReport(ltv_from=d("2024-01-09"), ltv_through=d("2024-01-14"))
+    assert only_ltv.plan() == [RepairStep(LTV_STEP, d("2024-01-09"), d("2024-01-14"))]
+    assert report.metadata()["stale_rows"] == 4 and not StalenessReport().stale
+
+
+def test_landing_sensor_requests_each_delivery_once_and_a_changed_day_again(tmp_path):
+    """No Spark here: the landing sensor only lists files and reads the instance."""
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
+    daemon = Daemon(resources, instance)
+    platform = Platform(tmp_path, tmp_path / "landing", tmp_path / "lake", instance, resources)
+    for i in (2, 3, 4, 6):
+        platform.write_orders(_day(i), [order_line(f"o{i}", f"{_day(i)}T10:00:00Z")])
+    platform.write_rates(_day(7), {"EUR": "1.1"})
+    (tmp_path / "landing" / "orders" / "ingest_date=not-a-day").mkdir()
+
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert sorted(_range(r) for r in requests) == [(_day(2), _day(4)), (_day(6), _day(7))]
+    assert all(r.tags["backfill_platform/trigger"] == "landing" for r in requests)
+    assert daemon.tick(landing_sensor)[0] == []  # same deliveries: nothing new
+
+    platform.write_orders(_day(3), [order_line("late", f"{_day(1)}T10:00:00Z")], name="b.jsonl")
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(3), _day(3))]
+    assert daemon.tick(landing_sensor)[0] == []
+
+
+def test_rolling_window_is_one_ranged_run_that_yields_to_running_backfills(tmp_path):
+    """No Spark here: raw and LTV materializations are reported to the instance directly."""
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
+    daemon = Daemon(resources, instance)
+
+    def materialized(key, *days):
+        for i in days:
+            instance.report_runless_asset_event(AssetMaterialization(key, partition=_day(i)))
+
+    materialized(RAW_ORDERS, 1, 2, 3, 4, 5, 6)
+    materialized(CUSTOMER_LTV, 1, 2)  # days 3.. never built: the window reaches back to 3
+    requests, _, _ = daemon.tick(rolling_window_sensor)
+    assert [_range(r) for r in requests] == [(_day(3), _day(6))]
+    assert daemon.tick(rolling_window_sensor)[0] == []  # nothing new since
+
+    materialized(CUSTOMER_LTV, 3, 4, 5, 6)
+    materialized(RAW_ORDERS, 1)  # a backfill re-ingesting history: not the window's business
+    requests, skip, _ = daemon.tick(rolling_window_sensor)
+    assert requests == [] and "before the window" in skip
+
+    running = DagsterRun(
+        job_name="__ASSET_JOB",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={STAGING_ORDERS},
+        tags={"dagster/partition": _day(5)},
+    )
+    instance.add_run(running)
+    materialized(RAW_ORDERS, 6)
+    requests, _, _ = daemon.tick(rolling_window_sensor)
+    assert [_range(r) for r in requests] == [(_day(6), _day(6))]  # shrunk past day 5
+    assert requests[0].tags["backfill_platform/trigger"] == "rolling-window"
+
+
+def test_daily_schedule_builds_yesterdays_utc_partition_at_two():
+    context = build_schedule_context(
+        scheduled_execution_time=datetime(2024, 1, 15, 2, 0, tzinfo=UTC)
+    )
+    (request,) = daily_live_schedule.evaluate_tick(context).run_requests
+    assert request.partition_key == "2024-01-14"
+    assert daily_live_schedule.cron_schedule == "0 2 * * *"
+    assert daily_live_schedule.execution_timezone == "UTC"
+
+
+# -- slow: the live path end to end --------------------------------------------------------
+class Oracle:
+    """The contract's answer for this test's tiny data (every order has one version)."""
+
+    def __init__(self):
+        self.orders: dict[str, tuple[str, str | None, str, str, Decimal]] = {}
+
+    def add(self, order_id, day, customer, status, currency, amount) -> str:
+        self.orders[order_id] = (day, customer, status, currency, Decimal(amount))
+        return order_line(
+            order_id,
+            f"{day}T10:00:00Z",
+            status=status,
+            currency=currency,
+            amount=amount,
+            customer_id=customer,
+        )
+
+    def usd(self, currency, amount) -> Decimal:
+        return amount * (EUR_RATE if currency == "EUR" else 1)
+
+    def fct(self) -> dict[tuple[str, str], tuple[int, int, Decimal, Decimal]]:
+        out: dict = defaultdict(lambda: [0, 0, Decimal(0), Decimal(0)])
+        for day, _, status, currency, amount in self.orders.values():
+            row = out[(day, currency)]
+            row[0] += 1
+            if status == "paid":
+                row[1] += 1
+                row[2] += amount
+                row[3] += self.usd(currency, amount)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def ltv(self, last_day: int) -> dict[tuple[str, str], tuple[int, Decimal, str]]:
+        out = {}
+        for i in range(1, last_day + 1):
+            snapshot = _day(i)
+            per: dict = {}
+            for day, customer, status, currency, amount in self.orders.values():
+                if status != "paid" or customer is None or day > snapshot:
+                    continue
+                n, usd, first = per.get(customer, (0, Decimal(0), day))
+                per[customer] = (n + 1, usd + self.usd(currency, amount), min(first, day))
+            out.update({(snapshot, c): v for c, v in per.items()})
+        return out
+
+
+def _deliver_day(platform: Platform, oracle: Oracle, i: int) -> None:
+    day = _day(i)
+    platform.write_rates(day, {"EUR": str(EUR_RATE)})
+    platform.write_orders(
+        day,
+        [
+            oracle.add(f"d{i}a", day, "c1", "paid", "USD", "10.00"),
+            oracle.add(f"d{i}b", day, "c2", "paid", "EUR", "20.00"),
+            oracle.add(f"d{i}c", day, "c3", "placed", "USD", "3.50"),
+        ],
+    )
+
+
+def _marts(platform: Platform):
+    fct = {
+        (str(r["event_date"]), r["currency"]): (
+            r["orders"],
+            r["paid_orders"],
+            r["revenue_local"],
+            r["revenue_usd"],
+        )
+        for r in platform.rows("marts/fct_daily_revenue")
+    }
+    ltv = {
+        (str(r["snapshot_date"]), r["customer_id"]): (
+            r["lifetime_paid_orders"],
+            r["lifetime_revenue_usd"],
+            str(r["first_order_date"]),
+        )
+        for r in platform.rows("marts/customer_ltv")
+    }
+    return fct, ltv
+
+
+@pytest.mark.slow
+def test_live_path_folds_late_rows_in_the_window_and_repairs_stale_days(
+    tmp_path, spark, monkeypatch
+):
+    """Three live days, then one late file: its row for the window's oldest day is folded
+    in by the rolling window; its row for ten days back is reported stale and repaired."""
+    monkeypatch.delenv(AUTO_REPAIR_ENV, raising=False)
+    monkeypatch.delenv("BACKFILL_LIVE_WINDOW_DAYS", raising=False)
+    instance = _instance(tmp_path / "home")
+    landing, lake = tmp_path / "landing", tmp_path / "lake"
+    resources = build_resources(str(landing), str(lake), spark=spark_resource_for_tests())
+    platform = Platform(tmp_path, landing, lake, instance, resources)
+    daemon = Daemon(resources, instance)
+    oracle = Oracle()
+
+    # History days 1..10, built by a backfill before the live path starts.
+    for i in range(1, 11):
+        _deliver_day(platform, oracle, i)
+    assert all(r.success for r in platform.backfill(_day(1), _day(10), per_run=10))
+
+    # Three live days arrive: one raw run, then ONE ranged window run over them.
+    for i in (11, 12, 13):
+        _deliver_day(platform, oracle, i)
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(11), _day(13))]  # history is not re-ingested
+    daemon.launch(landing_sensor, requests[0])
+    assert daemon.tick(landing_sensor)[0] == []
+
+    requests, _, _ = daemon.tick(rolling_window_sensor)
+    assert [_range(r) for r in requests] == [(_day(11), _day(13))]
+    assert requests[0].run_key.startswith(f"window:{_day(11)}..{_day(13)}:")
+    daemon.launch(rolling_window_sensor, requests[0])
+    assert daemon.tick(rolling_window_sensor)[0] == []
+    assert _marts(platform) == (oracle.fct(), oracle.ltv(13))
+
+    # Day 14's delivery holds a late row for day 12 (in the window) and one for day 4.
+    platform.write_rates(_day(14), {"EUR": str(EUR_RATE)})
+    platform.write_orders(
+        _day(14),
+        [
+            oracle.add("d14a", _day(14), "c1", "paid", "USD", "10.00"),
+            oracle.add("late12", _day(12), "c1", "paid", "USD", "5.00"),
+            oracle.add("late4", _day(4), "c4", "paid", "EUR", "7.00"),
+        ],
+    )
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(14), _day(14))]
+    daemon.launch(landing_sensor, requests[0])
+
+    # A running backfill run writing days 12..14 downstream: the window waits for it.
+    blocker = DagsterRun(
+        job_name="__ASSET_JOB",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={STAGING_ORDERS, CUSTOMER_LTV},
+        tags={RANGE_START_TAG: _day(12), RANGE_END_TAG: _day(14), "dagster/backfill": "b1"},
+    )
+    instance.add_run(blocker)
+    requests, skip, _ = daemon.tick(rolling_window_sensor)
+    assert requests == [] and blocker.run_id in skip
+    instance.delete_run(blocker.run_id)
+
+    requests, _, _ = daemon.tick(rolling_window_sensor)
+    assert [_range(r) for r in requests] == [(_day(12), _day(14))]
+    daemon.launch(rolling_window_sensor, requests[0])
+    fct, _ = _marts(platform)
+    assert fct[(_day(12), "USD")] == oracle.fct()[(_day(12), "USD")]  # folded in
+    assert fct[(_day(4), "EUR")] != oracle.fct()[(_day(4), "EUR")]  # beyond the window
+
+    # Beyond the window: an audit run counts it; the sensor reports it with the command.
+    audit_run = daemon.audit(stale_partitions_sensor)
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and f"{_day(4)} (+1 rows)" in skip and "--repair" in skip
+    assert f"{_day(12)} (" not in skip  # the window folded day 12 in
+    audit = latest_audit(instance)
+    assert audit.run_id == audit_run
+    assert audit.asset_observation.metadata["stale_days"].value == {_day(4): 1}
+    assert audit.asset_observation.metadata["repair_plan"].value == [
+        f"staging+fct {_day(4)}..{_day(4)}",
+        f"customer_ltv {_day(4)}..{_day(14)}",
+    ]
+
+    # Auto repair on: staging/fct of exactly day 4, then LTV from day 4 to the newest.
+    monkeypatch.setenv(AUTO_REPAIR_ENV, "true")
+    requests, _, _ = daemon.tick(stale_partitions_sensor)
+    assert [(r.job_name, _range(r)) for r in requests] == [
+        ("repair_stale_staging_job", (_day(4), _day(4)))
+    ]
+    assert daemon.tick(stale_partitions_sensor)[0] == []  # requested once, not per tick
+    daemon.launch(stale_partitions_sensor, requests[0])
+    daemon.audit(stale_partitions_sensor)
+    requests, _, _ = daemon.tick(stale_partitions_sensor)
+    assert [(r.job_name, _range(r)) for r in requests] == [
+        ("repair_customer_ltv_job", (_day(4), _day(14)))
+    ]
+    daemon.launch(stale_partitions_sensor, requests[0])
+    daemon.audit(stale_partitions_sensor)
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip == "no stale partitions"
+    assert latest_audit(instance).asset_observation.metadata["stale_rows"].value == 0
+
+    marts = _marts(platform)
+    assert marts == (oracle.fct(), oracle.ltv(14))
+    # ... which is also what the contract's reference implementation computes.
+    answer = compute_contract_answer(landing)
+    assert marts[0] == {
+        (d.isoformat(), c): (r.orders, r.paid_orders, r.revenue_local, r.revenue_usd)
+        for (d, c), r in answer.fct_daily_revenue.items()
+    }
+    ltv_rows = customer_ltv_rows(answer, date(2024, 1, 1), date(2024, 1, 14))
+    assert marts[1] == {
+        (d.isoformat(), c): (n, usd, first.isoformat())
+        for (d, c), (n, usd, first) in ltv_rows.items()
+    }
