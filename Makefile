@@ -14,7 +14,7 @@ DEMO_END ?= 2025-12-31
 ORDERS_PER_DAY ?= 100
 SEED ?= 7
 
-.PHONY: install jars dagster-home demo test test-fast ui lint format bench reliability reliability-small e2e clean-data
+.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data
 
 install: $(INSTALLED) $(JARS)
 
@@ -55,18 +55,6 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
-
-bench: install
-	$(PY) -m benchmarks.run $(BENCH_ARGS)
-
-reliability: install
-	$(PY) -m pytest -q -p no:cacheprovider backfill_platform_tests/reliability --reliability-size=full
-
-reliability-small: install
-	$(PY) -m pytest -q -p no:cacheprovider backfill_platform_tests/reliability --reliability-size=small
-
-e2e: install
-	bash deploy/e2e.sh
 
 clean-data:
 	rm -rf data $(DAGSTER_HOME)
