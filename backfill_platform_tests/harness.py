@@ -12,18 +12,10 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, ExecuteInProcessR
 from pyspark.sql import DataFrame
 
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import SparkSessionResource
 from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.runner import backfill, materialize_range
-
-TABLES = (
-    "raw/orders",
-    "raw/fx_rates",
-    "staging/orders",
-    "staging/orders_rejects",
-    "marts/fct_daily_revenue",
-    "marts/customer_ltv",
-)
 
 
 def spark_resource_for_tests() -> SparkSessionResource:
