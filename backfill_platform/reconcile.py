@@ -8,14 +8,14 @@ columns excluded) so two runs can be shown to leave identical tables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import CUSTOMER_LTV, FCT_DAILY_REVENUE
-from backfill_platform.reference import compute_contract_answer, ltv_daily_totals
+from backfill_platform.reference import ContractAnswer, compute_contract_answer, ltv_daily_totals
 from backfill_platform.resources.lakehouse import LakehouseResource
 
 TABLES = (
@@ -54,27 +54,37 @@ def fingerprints(lake: LakehouseResource) -> dict[str, list[str]]:
     return result
 
 
-def reconcile_marts(
-    lake: LakehouseResource, landing: Path, first_day: date, last_day: date
-) -> Reconciliation:
-    """fct_daily_revenue row by row, and customer_ltv by daily totals, vs the contract."""
-    answer = compute_contract_answer(landing, first_date=first_day, last_date=last_day)
-    details: list[str] = []
-    fct = {
+def fct_by_key(rows) -> dict[tuple[date, str], tuple]:
+    """fct_daily_revenue rows as {(event_date, currency): (orders, paid, local, usd)}."""
+    return {
         (r["event_date"], r["currency"]): (
             r["orders"],
             r["paid_orders"],
             r["revenue_local"],
             r["revenue_usd"],
         )
-        for r in lake.read_range(
-            FCT_DAILY_REVENUE, "event_date", first_day, _after(last_day)
-        ).collect()
+        for r in rows
     }
-    expected = {
+
+
+def expected_fct_by_key(answer: ContractAnswer) -> dict[tuple[date, str], tuple]:
+    """The contract's fct answer in the shape of `fct_by_key`."""
+    return {
         k: (v.orders, v.paid_orders, v.revenue_local, v.revenue_usd)
         for k, v in answer.fct_daily_revenue.items()
     }
+
+
+def reconcile_marts(
+    lake: LakehouseResource, landing: Path, first_day: date, last_day: date
+) -> Reconciliation:
+    """fct_daily_revenue row by row, and customer_ltv by daily totals, vs the contract."""
+    answer = compute_contract_answer(landing, first_date=first_day, last_date=last_day)
+    details: list[str] = []
+    fct = fct_by_key(
+        lake.read_range(FCT_DAILY_REVENUE, "event_date", first_day, _after(last_day)).collect()
+    )
+    expected = expected_fct_by_key(answer)
     fct_diff = sorted(set(fct.items()) ^ set(expected.items()), key=str)
     details.append(
         f"fct_daily_revenue: {len(fct)} rows, {len(expected)} expected, {len(fct_diff)} differing"
@@ -109,6 +119,4 @@ def reconcile_marts(
 
 
 def _after(day: date) -> date:
-    from datetime import timedelta
-
     return day + timedelta(days=1)

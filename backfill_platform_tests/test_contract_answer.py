@@ -4,6 +4,7 @@ from datetime import date
 
 import pytest
 
+from backfill_platform.reconcile import expected_fct_by_key, fct_by_key
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
 from backfill_platform.sources.generate import generate_landing
 
@@ -48,19 +49,7 @@ def test_marts_equal_the_contracts_answer_and_a_rerun_changes_no_row(platform):
         (r.ingest_date, r.file_name, r.line_number): r.reason for r in answer.rejects
     }
 
-    fct = {
-        (r["event_date"], r["currency"]): (
-            r["orders"],
-            r["paid_orders"],
-            r["revenue_local"],
-            r["revenue_usd"],
-        )
-        for r in platform.rows("marts/fct_daily_revenue")
-    }
-    assert fct == {
-        k: (v.orders, v.paid_orders, v.revenue_local, v.revenue_usd)
-        for k, v in answer.fct_daily_revenue.items()
-    }
+    assert fct_by_key(platform.rows("marts/fct_daily_revenue")) == expected_fct_by_key(answer)
 
     ltv = {
         (r["snapshot_date"], r["customer_id"]): (

@@ -50,12 +50,13 @@ def read_lines(spark: SparkSession, files: list[Path], day_folder: str) -> DataF
     )
     text_pieces = (
         files_df.where("valid_utf8")
+        .withColumn("_split", F.split(F.col("content").cast("string"), "\n"))
         .select(
             "day",
             "file_name",
             "_source_path",
-            F.posexplode(F.split(F.col("content").cast("string"), "\n")).alias("pos", "piece"),
-            F.size(F.split(F.col("content").cast("string"), "\n")).alias("pieces"),
+            F.posexplode("_split").alias("pos", "piece"),
+            F.size("_split").alias("pieces"),
         )
         .where(~((F.col("pos") == F.col("pieces") - 1) & (F.col("piece") == "")))
         .drop("pieces")
