@@ -6,6 +6,7 @@ from dagster import Definitions, in_process_executor, load_assets_from_modules
 
 from backfill_platform.assets import marts, raw, staging
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
+from backfill_platform.checks import all_checks
 from backfill_platform.resources import (
     DeltaIOManager,
     LakehouseResource,
@@ -46,6 +47,7 @@ all_assets = load_assets_from_modules([raw, staging, marts])
 
 defs = Definitions(
     assets=all_assets,
+    asset_checks=all_checks,
     resources=build_resources(),
     jobs=all_jobs,
     schedules=all_schedules,

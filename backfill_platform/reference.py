@@ -99,6 +99,11 @@ def _is_blank(piece: bytes) -> bool:
     return not piece.strip(b" \t")
 
 
+def non_blank_lines(path: Path) -> int:
+    """Lines of a landing file that count as records (contract 1.1: blank lines aside)."""
+    return sum(1 for _, piece in _lines(path) if not _is_blank(piece))
+
+
 def _day_folders(root: Path, prefix: str, ignored: list[str]) -> Iterator[tuple[date, Path]]:
     if not root.is_dir():
         return

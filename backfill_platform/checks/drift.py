@@ -1,0 +1,176 @@
+"""Drift against the previous Delta version: a backfill's blast radius, per partition (WARN).
+
+A run's commit is found in the Delta history by the run id the IO manager stamps on it; the
+version before it is the table as the run found it. For the run's partitions that already
+held rows there, row count, measure sums, distinct keys and per-column NULL rates of both
+versions are compared (one aggregation per version, Delta time travel for the old one).
+"""
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetKey,
+    asset_check,
+)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import CUSTOMER_LTV, FCT_DAILY_REVENUE, STAGING_ORDERS
+from backfill_platform.checks.results import (
+    CheckOutcome,
+    PartitionResult,
+    RunPartitions,
+    run_partitions,
+)
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.lakehouse import table_name
+from backfill_platform.settings import DRIFT_THRESHOLD, setting
+
+CHECK_NAME = "drift_vs_previous_version"
+
+
+def run_commit_version(
+    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: RunPartitions
+) -> int | None:
+    """The version this run committed; for a check run on its own, the newest commit that
+    wrote any of the run's partitions."""
+    history = lakehouse.history(key, limit=100)
+    for commit in history:
+        if commit["metadata"].get("dagster_run_id") == run_id:
+            return commit["version"]
+    for commit in history:
+        meta = commit["metadata"]
+        start, end = meta.get("partition_start"), meta.get("partition_end")
+        if start and end and start < run.end.isoformat() and end > run.start.isoformat():
+            return commit["version"]
+    return None
+
+
+def _profile(df: DataFrame, column: str, key: str, measures: list[str]) -> dict[str, dict]:
+    columns = [c for c in df.columns if not c.startswith("_") and c != column]
+    return {
+        r[column].isoformat(): r.asDict()
+        for r in df.groupBy(column)
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count_distinct(key).alias("distinct_keys"),
+            *(F.sum(m).cast("double").alias(f"sum:{m}") for m in measures),
+            *(F.count(F.when(F.col(c).isNull(), True)).alias(f"null:{c}") for c in columns),
+        )
+        .collect()
+    }
+
+
+def _relative(new: float, old: float) -> float:
+    if old == new:
+        return 0.0
+    return abs(new - old) / abs(old) if old else float("inf")
+
+
+def compare(old: dict, new: dict | None) -> dict[str, float]:
+    """Change per metric: relative for counts and sums, absolute for NULL rates."""
+    new = new or {"rows": 0, "distinct_keys": 0}
+    changes = {
+        name: _relative(float(new.get(name) or 0), float(old.get(name) or 0))
+        for name in old
+        if name == "rows" or name == "distinct_keys" or name.startswith("sum:")
+    }
+    for name in old:
+        if name.startswith("null:"):
+            old_rate = (old[name] or 0) / old["rows"] if old["rows"] else 0.0
+            new_rate = (new.get(name) or 0) / new["rows"] if new["rows"] else 0.0
+            changes[name.replace("null:", "null_rate:")] = abs(new_rate - old_rate)
+    return changes
+
+
+def drift_check(
+    key: AssetKey, partition_column: str, key_column: str, measures: list[str]
+) -> AssetChecksDefinition:
+    @asset_check(
+        asset=key,
+        name=CHECK_NAME,
+        partitions_def=daily_partitions,
+        description=f"{table_name(key)} vs its previous Delta version for the partitions a run "
+        f"rewrote: rows, sums of {', '.join(measures)}, distinct {key_column}, NULL rate per "
+        "column (WARN above BACKFILL_DRIFT_THRESHOLD).",
+    )
+    def _drift(
+        context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+    ) -> AssetCheckResult:
+        run = run_partitions(context)
+        threshold = float(setting(DRIFT_THRESHOLD))
+        version = run_commit_version(lakehouse, key, context.op_execution_context.run_id, run)
+        old_profile: dict[str, dict] = {}
+        new_profile: dict[str, dict] = {}
+        if version:
+            old_profile = _profile(
+                lakehouse.read_range(key, partition_column, run.start, run.end, version - 1),
+                partition_column,
+                key_column,
+                measures,
+            )
+        if old_profile:
+            new_profile = _profile(
+                lakehouse.read_range(key, partition_column, run.start, run.end, version),
+                partition_column,
+                key_column,
+                measures,
+            )
+        results, worst_change = [], 0.0
+        for partition in run.keys:
+            old = old_profile.get(partition)
+            if not old:
+                results.append(PartitionResult(partition, "-", "-", True, "no earlier rows"))
+                continue
+            new = new_profile.get(partition)
+            changes = compare(old, new)
+            over = {m: c for m, c in changes.items() if c > threshold}
+            worst = max(changes, key=changes.get)
+            worst_change = max(worst_change, min(changes[worst], 1e9))
+            rows_new = new["rows"] if new else 0
+            detail = ", ".join(
+                f"{m} {'+inf' if c == float('inf') else f'{c:.1%}'}" for m, c in over.items()
+            )
+            results.append(
+                PartitionResult(
+                    partition,
+                    f"{old['rows']} rows (v{version - 1})",
+                    f"{rows_new} rows (v{version})",
+                    not over,
+                    detail or f"largest change {worst} {changes[worst]:.1%}",
+                )
+            )
+        return CheckOutcome(
+            CHECK_NAME,
+            key,
+            results,
+            severity=AssetCheckSeverity.WARN,
+            what=f"{table_name(key)} change vs previous version (threshold {threshold:.0%})",
+            extra_metadata={
+                "delta_version": version if version is not None else -1,
+                "rewritten_partitions": sum(1 for p in run.keys if p in old_profile),
+                "largest_change": float(worst_change),
+            },
+        ).to_result()
+
+    return _drift
+
+
+drift_checks = [
+    drift_check(STAGING_ORDERS, "event_date", "order_id", ["amount"]),
+    drift_check(
+        FCT_DAILY_REVENUE,
+        "event_date",
+        "currency",
+        ["orders", "paid_orders", "revenue_local", "revenue_usd"],
+    ),
+    drift_check(
+        CUSTOMER_LTV,
+        "snapshot_date",
+        "customer_id",
+        ["lifetime_paid_orders", "lifetime_revenue_usd"],
+    ),
+]

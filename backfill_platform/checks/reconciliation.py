@@ -1,0 +1,410 @@
+"""Reconciliation (blocking): the equations between layers hold for every partition a run wrote.
+
+Each check reads what the run committed (Delta) and the layer below it, aggregates both per
+partition in one Spark job each, and fails with ERROR severity naming the partitions and
+numbers. Blocking: a failure skips every downstream asset of the run, and the live path's
+sensors hold the failing partitions (see automation/sensors.py).
+"""
+
+from datetime import timedelta
+
+from dagster import AssetCheckExecutionContext, AssetCheckResult, asset_check
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
+from backfill_platform.assets.staging import known_currencies
+from backfill_platform.checks.results import (
+    CheckOutcome,
+    PartitionResult,
+    log_partition_metrics,
+    run_partitions,
+)
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.reference import non_blank_lines
+from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.resources.landing import ORDERS
+from backfill_platform.transforms.fx import REACH_DAYS, with_usd
+from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
+from backfill_platform.transforms.revenue import LOCAL_TYPE
+
+# Lifetime sums are added in DECIMAL(30,10), as transforms/revenue.py does, so the expected
+# value is exact (Spark would round a DECIMAL(38,10) + DECIMAL(38,10) to 9 places).
+SUM_TYPE = "decimal(30,10)"
+
+
+def _rate(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 0.0
+
+
+@asset_check(
+    asset=RAW_ORDERS,
+    name="rows_match_landing_lines",
+    blocking=True,
+    partitions_def=daily_partitions,
+)
+def raw_rows_match_landing(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource, landing: LandingZoneResource
+) -> AssetCheckResult:
+    """raw/orders rows of each ingest day == non-blank lines of that day's landing files.
+
+    The landing side is counted in plain Python from the files (not by the Spark reader raw
+    uses), so a line lost or doubled by parsing, a partial write or a changed delivery shows.
+    """
+    run = run_partitions(context)
+    expected = {
+        day: sum(non_blank_lines(p) for p in landing.files(ORDERS, [day])) for day in run.keys
+    }
+    stats = {}
+    if lakehouse.exists(RAW_ORDERS):
+        stats = {
+            r["ingest_date"].isoformat(): r
+            for r in lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end)
+            .groupBy("ingest_date")
+            .agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.count("reject_reason").alias("invalid_rows"),
+                F.count(F.when(F.col("event_date") < F.col("ingest_date"), True)).alias("late"),
+            )
+            .collect()
+        }
+    results, metrics = [], {}
+    for day in run.keys:
+        row = stats.get(day)
+        rows = row["rows"] if row else 0
+        results.append(PartitionResult(day, expected[day], rows, rows == expected[day]))
+        late = row["late"] if row else 0
+        metrics[day] = {
+            "rows": rows,
+            "late_rows": late,
+            "rejects": row["invalid_rows"] if row else 0,
+            "late_arrival_rate": _rate(late, rows),
+        }
+    log_partition_metrics(context, RAW_ORDERS, metrics)
+    return CheckOutcome(
+        "rows_match_landing_lines",
+        RAW_ORDERS,
+        results,
+        what="raw/orders rows vs non-blank landing lines per ingest day",
+    ).to_result()
+
+
+@asset_check(
+    asset=STAGING_ORDERS,
+    name="accounts_for_every_raw_row",
+    blocking=True,
+    partitions_def=daily_partitions,
+    additional_deps=[RAW_ORDERS],
+)
+def staging_accounts_for_raw(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Per event day D: raw rows carrying D == distinct orders + superseded versions + rejects.
+
+    Left side: raw/orders rows that parse as valid orders with event_date D, from every ingest
+    day (late arrivals and re-deliveries included). Right side: staging's orders of D
+    (latest wins), plus the versions each one superseded (`raw_versions` - 1 per order:
+    duplicates and older updates), plus D's rows rejected for an unknown currency. Lines
+    rejected at parsing carry no event day; the `rejects_match_raw` check counts them by
+    ingest day. Both sides read the current tables, so the equation cannot drift with
+    time: a raw row that arrived after staging was built makes it fail until staging is
+    rebuilt, which is what "staging does not account for raw" means.
+    """
+    run = run_partitions(context)
+    in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
+    raw = with_unknown_currency(
+        lakehouse.read(RAW_ORDERS).where(in_range & F.col("reject_reason").isNull()),
+        known_currencies(lakehouse),
+    )
+    raw_counts = {
+        r["event_date"].isoformat(): r
+        for r in raw.groupBy("event_date")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(F.col("reject_reason") == UNKNOWN_CURRENCY, True)).alias("rejects"),
+        )
+        .collect()
+    }
+    staged = {
+        r["event_date"].isoformat(): r
+        for r in lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        .groupBy("event_date")
+        .agg(
+            F.count(F.lit(1)).alias("orders"),
+            F.sum("raw_versions").alias("versions"),
+            F.count(F.when(F.col("first_ingest_date") > F.col("event_date"), True)).alias("late"),
+        )
+        .collect()
+    }
+    results, metrics = [], {}
+    for day in run.keys:
+        raw_row, row = raw_counts.get(day), staged.get(day)
+        expected = raw_row["rows"] if raw_row else 0
+        rejects = raw_row["rejects"] if raw_row else 0
+        orders = row["orders"] if row else 0
+        superseded = (row["versions"] - orders) if row else 0
+        actual = orders + superseded + rejects
+        detail = f"{orders} orders + {superseded} superseded + {rejects} currency rejects"
+        results.append(PartitionResult(day, expected, actual, actual == expected, detail))
+        late = row["late"] if row else 0
+        metrics[day] = {
+            "rows": orders,
+            "late_rows": late,
+            "superseded_versions": superseded,
+            "late_arrival_rate": _rate(late, orders),
+        }
+    log_partition_metrics(context, STAGING_ORDERS, metrics)
+    return CheckOutcome(
+        "accounts_for_every_raw_row",
+        STAGING_ORDERS,
+        results,
+        what="raw rows per event day vs staged orders + superseded versions + rejects",
+    ).to_result()
+
+
+@asset_check(
+    asset=STAGING_REJECTS,
+    name="rejects_match_raw",
+    blocking=True,
+    partitions_def=daily_partitions,
+    additional_deps=[RAW_ORDERS],
+)
+def rejects_match_raw(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency)."""
+    run = run_partitions(context)
+    raw = with_unknown_currency(
+        lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end),
+        known_currencies(lakehouse),
+    )
+    expected = {
+        r["ingest_date"].isoformat(): r["n"]
+        for r in raw.where(F.col("reject_reason").isNotNull())
+        .groupBy("ingest_date")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    }
+    actual = {
+        r["ingest_date"].isoformat(): r["n"]
+        for r in lakehouse.read_range(STAGING_REJECTS, "ingest_date", run.start, run.end)
+        .groupBy("ingest_date")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    }
+    results = []
+    for day in run.keys:
+        want, got = expected.get(day, 0), actual.get(day, 0)
+        results.append(PartitionResult(day, want, got, want == got))
+    log_partition_metrics(
+        context, STAGING_REJECTS, {d: {"rejects": actual.get(d, 0)} for d in run.keys}
+    )
+    return CheckOutcome(
+        "rejects_match_raw",
+        STAGING_REJECTS,
+        results,
+        what="rejected raw rows vs staging/orders_rejects rows per ingest day",
+    ).to_result()
+
+
+@asset_check(
+    asset=FCT_DAILY_REVENUE,
+    name="matches_staging_orders",
+    blocking=True,
+    partitions_def=daily_partitions,
+    additional_deps=[STAGING_ORDERS],
+)
+def fct_matches_staging(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
+    run = run_partitions(context)
+    paid = F.col("status") == "paid"
+    staged = (
+        lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        .groupBy("event_date", "currency")
+        .agg(
+            F.count(F.lit(1)).alias("s_orders"),
+            F.count(F.when(paid, True)).alias("s_paid"),
+            F.coalesce(F.sum(F.when(paid, F.col("amount"))), F.lit(0))
+            .cast(LOCAL_TYPE)
+            .alias("s_local"),
+        )
+    )
+    fct = lakehouse.read_range(FCT_DAILY_REVENUE, "event_date", run.start, run.end).select(
+        "event_date",
+        "currency",
+        F.col("orders").alias("f_orders"),
+        F.col("paid_orders").alias("f_paid"),
+        F.col("revenue_local").cast(LOCAL_TYPE).alias("f_local"),
+        F.col("revenue_usd").alias("f_usd"),
+    )
+    same = (
+        F.col("s_orders").eqNullSafe(F.col("f_orders"))
+        & F.col("s_paid").eqNullSafe(F.col("f_paid"))
+        & F.col("s_local").eqNullSafe(F.col("f_local"))
+    )
+    differing = F.when(
+        ~same,
+        F.format_string(
+            "%s: staging %s/%s/%s vs fct %s/%s/%s",
+            "currency",
+            "s_orders",
+            "s_paid",
+            "s_local",
+            "f_orders",
+            "f_paid",
+            "f_local",
+        ),
+    )
+    days = {
+        r["event_date"].isoformat(): r
+        for r in staged.join(fct, ["event_date", "currency"], "full_outer")
+        .groupBy("event_date")
+        .agg(
+            F.coalesce(F.sum("s_orders"), F.lit(0)).alias("s_orders"),
+            F.coalesce(F.sum("s_paid"), F.lit(0)).alias("s_paid"),
+            F.coalesce(F.sum("f_orders"), F.lit(0)).alias("f_orders"),
+            F.coalesce(F.sum("f_paid"), F.lit(0)).alias("f_paid"),
+            F.sum("f_usd").alias("revenue_usd"),
+            F.sort_array(F.collect_list(differing)).alias("differing"),
+        )
+        .collect()
+    }
+    results, metrics = [], {}
+    for day in run.keys:
+        row = days.get(day)
+        if row is None:
+            results.append(PartitionResult(day, "no orders", "no rows", True))
+            metrics[day] = {"orders": 0, "paid_orders": 0, "revenue_usd": 0.0}
+            continue
+        expected = f"{row['s_orders']} orders, {row['s_paid']} paid"
+        actual = f"{row['f_orders']} orders, {row['f_paid']} paid"
+        detail = "; ".join(row["differing"])
+        results.append(PartitionResult(day, expected, actual, not row["differing"], detail))
+        metrics[day] = {
+            "orders": row["f_orders"],
+            "paid_orders": row["f_paid"],
+            "revenue_usd": float(row["revenue_usd"] or 0),
+        }
+    log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
+    return CheckOutcome(
+        "matches_staging_orders",
+        FCT_DAILY_REVENUE,
+        results,
+        what="fct_daily_revenue vs staging orders (orders/paid/revenue_local per currency)",
+    ).to_result()
+
+
+@asset_check(
+    asset=CUSTOMER_LTV,
+    name="rolls_forward_from_previous_day",
+    blocking=True,
+    partitions_def=daily_partitions,
+    additional_deps=[STAGING_ORDERS, RAW_FX_RATES],
+)
+def ltv_rolls_forward(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Per snapshot day D and customer: ltv(D) == ltv(D-1) + D's paid orders and USD revenue.
+
+    D-1 is read from the table (the snapshot before the run's range included), D's paid
+    orders from staging at point-in-time FX; first_order_date must carry over or be D.
+    """
+    run = run_partitions(context)
+    one_day = timedelta(days=1)
+    ltv = lakehouse.read_range(CUSTOMER_LTV, "snapshot_date", run.start - one_day, run.end)
+    current = ltv.where(F.col("snapshot_date") >= F.lit(run.start)).select(
+        "snapshot_date",
+        "customer_id",
+        F.col("lifetime_paid_orders").alias("c_orders"),
+        F.col("lifetime_revenue_usd").cast(SUM_TYPE).alias("c_revenue"),
+        F.col("first_order_date").alias("c_first"),
+    )
+    previous = ltv.where(F.col("snapshot_date") < F.lit(run.end - one_day)).select(
+        F.date_add("snapshot_date", 1).alias("snapshot_date"),
+        "customer_id",
+        F.col("lifetime_paid_orders").alias("p_orders"),
+        F.col("lifetime_revenue_usd").cast(SUM_TYPE).alias("p_revenue"),
+        F.col("first_order_date").alias("p_first"),
+    )
+    paid = lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end).where(
+        (F.col("status") == "paid") & F.col("customer_id").isNotNull()
+    )
+    rates = lakehouse.read_range(
+        RAW_FX_RATES, "rate_date", run.start - timedelta(days=REACH_DAYS), run.end
+    )
+    day = (
+        with_usd(paid, rates)
+        .groupBy("customer_id", F.col("event_date").alias("snapshot_date"))
+        .agg(
+            F.count(F.lit(1)).alias("d_orders"),
+            F.sum("amount_usd").cast(SUM_TYPE).alias("d_revenue"),
+        )
+    )
+    zero = F.lit(0).cast(SUM_TYPE)
+    expected_orders = F.coalesce("p_orders", F.lit(0)) + F.coalesce("d_orders", F.lit(0))
+    expected_revenue = (F.coalesce("p_revenue", zero) + F.coalesce("d_revenue", zero)).cast(
+        SUM_TYPE
+    )
+    expected_first = F.coalesce("p_first", F.when(F.col("d_orders") > 0, F.col("snapshot_date")))
+    same = (
+        F.col("c_orders").eqNullSafe(expected_orders)
+        & F.col("c_revenue").eqNullSafe(expected_revenue)
+        & F.col("c_first").eqNullSafe(expected_first)
+    )
+    joined = current.join(
+        previous.join(day, ["snapshot_date", "customer_id"], "full_outer"),
+        ["snapshot_date", "customer_id"],
+        "full_outer",
+    ).where(F.col("snapshot_date") >= F.lit(run.start))
+    days = {
+        r["snapshot_date"].isoformat(): r
+        for r in joined.groupBy("snapshot_date")
+        .agg(
+            F.count("c_orders").alias("customers"),
+            F.count(F.lit(1)).alias("expected_customers"),
+            F.count(F.when(~same, True)).alias("mismatches"),
+            F.coalesce(F.sum("c_revenue"), zero).alias("revenue"),
+            F.coalesce(F.sum(expected_revenue), zero).alias("expected_revenue"),
+            F.slice(F.sort_array(F.collect_list(F.when(~same, F.col("customer_id")))), 1, 5).alias(
+                "examples"
+            ),
+        )
+        .collect()
+    }
+    results = []
+    for key in run.keys:
+        row = days.get(key)
+        if row is None:
+            results.append(PartitionResult(key, "0 customers", "0 customers", True))
+            continue
+        expected = f"{row['expected_customers']} customers, {row['expected_revenue']} USD"
+        actual = f"{row['customers']} customers, {row['revenue']} USD"
+        detail = (
+            f"{row['mismatches']} customer(s) differ, e.g. {', '.join(row['examples'])}"
+            if row["mismatches"]
+            else ""
+        )
+        results.append(PartitionResult(key, expected, actual, row["mismatches"] == 0, detail))
+    return CheckOutcome(
+        "rolls_forward_from_previous_day",
+        CUSTOMER_LTV,
+        results,
+        what="customer_ltv(D) vs customer_ltv(D-1) + day D's paid revenue per customer",
+    ).to_result()
+
+
+reconciliation_checks = [
+    raw_rows_match_landing,
+    staging_accounts_for_raw,
+    rejects_match_raw,
+    fct_matches_staging,
+    ltv_rolls_forward,
+]

@@ -1,0 +1,138 @@
+"""Skew of staging/orders on its aggregation key, customer_id, per event day (WARN).
+
+A hot customer or a big NULL (guest) bucket lands in one shuffle partition when Spark
+hash-partitions on customer_id, and that one task then sets the job's wall time. The check
+measures, per partition and for the run as a whole: the top key's share of rows, the NULL
+bucket's share, max/median rows per key, and the imbalance (largest / mean bucket) that
+Spark's own hash partitioning (Murmur3, `pmod(hash(key), N)`) gives across N workers. How
+customer_ltv avoids paying for it is in docs/checks.md.
+"""
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    MetadataValue,
+    asset_check,
+)
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import STAGING_ORDERS
+from backfill_platform.checks.results import CheckOutcome, PartitionResult, run_partitions
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.settings import (
+    SKEW_IMBALANCE,
+    SKEW_MAX_MEDIAN_RATIO,
+    SKEW_NULL_SHARE,
+    SKEW_TOP_KEY_SHARE,
+    SKEW_WORKERS,
+    setting,
+)
+
+KEY = "customer_id"
+TOP_KEYS = 3
+RUN = "run"  # the one group holding the whole run's numbers
+
+
+def key_skew(rows: DataFrame, key: str, group: str, workers: int) -> dict[str, dict]:
+    """Per `group` value: rows, keys, top key share, NULL share, max/median, hash imbalance.
+
+    One pass builds rows per (group, key); everything else aggregates that small table.
+    """
+    per_key = rows.groupBy(group, key).agg(F.count(F.lit(1)).alias("n")).cache()
+    try:
+        bucket = F.pmod(F.hash(F.col(key)), F.lit(workers))
+        buckets = (
+            per_key.groupBy(group, bucket.alias("bucket"))
+            .agg(F.sum("n").alias("n"))
+            .groupBy(group)
+            .agg(F.max("n").alias("max_bucket"))
+        )
+        stats = (
+            per_key.groupBy(group)
+            .agg(
+                F.sum("n").alias("rows"),
+                F.count(key).alias("keys"),
+                F.coalesce(F.sum(F.when(F.col(key).isNull(), F.col("n"))), F.lit(0)).alias("nulls"),
+                F.max(F.when(F.col(key).isNotNull(), F.col("n"))).alias("max_per_key"),
+                F.median(F.when(F.col(key).isNotNull(), F.col("n"))).alias("median_per_key"),
+            )
+            .join(buckets, group)
+        )
+        rank = F.row_number().over(Window.partitionBy(group).orderBy(F.desc("n"), key))
+        top = (
+            per_key.where(F.col(key).isNotNull())
+            .withColumn("rank", rank)
+            .where(F.col("rank") <= TOP_KEYS)
+            .groupBy(group)
+            .agg(F.sort_array(F.collect_list(F.struct("rank", key, "n"))).alias("top"))
+        )
+        result = {}
+        for r in stats.join(top, group, "left").collect():
+            rows_n = r["rows"]
+            top_keys = [(t[key], t["n"]) for t in (r["top"] or [])]
+            result[str(r[group])] = {
+                "rows": rows_n,
+                "keys": r["keys"],
+                "top_keys": top_keys,
+                "top_key_share": (top_keys[0][1] / rows_n) if top_keys else 0.0,
+                "null_share": r["nulls"] / rows_n,
+                "max_median_ratio": (r["max_per_key"] or 0) / float(r["median_per_key"] or 1),
+                "hash_imbalance": r["max_bucket"] / (rows_n / workers),
+            }
+        return result
+    finally:
+        per_key.unpersist()
+
+
+@asset_check(asset=STAGING_ORDERS, name="customer_id_skew", partitions_def=daily_partitions)
+def customer_id_skew(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Top key share, NULL share, max/median rows per key and hash imbalance on customer_id
+    per event day and for the whole run (WARN above BACKFILL_SKEW_* thresholds)."""
+    run = run_partitions(context)
+    workers = int(setting(SKEW_WORKERS))
+    limits = {
+        "top_key_share": float(setting(SKEW_TOP_KEY_SHARE)),
+        "null_share": float(setting(SKEW_NULL_SHARE)),
+        "max_median_ratio": float(setting(SKEW_MAX_MEDIAN_RATIO)),
+        "hash_imbalance": float(setting(SKEW_IMBALANCE)),
+    }
+    staged = lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+    per_day = key_skew(staged, KEY, "event_date", workers)
+    whole = key_skew(staged.withColumn(RUN, F.lit(RUN)), KEY, RUN, workers).get(RUN)
+    results = [_verdict(key, per_day.get(key), limits) for key in run.keys]
+    expected = ", ".join(f"{k} <= {v:g}" for k, v in limits.items())
+    return CheckOutcome(
+        "customer_id_skew",
+        STAGING_ORDERS,
+        results,
+        severity=AssetCheckSeverity.WARN,
+        what=f"customer_id skew ({expected}; {workers} hash buckets)",
+        extra_metadata={
+            f"run_{name}": float(round(whole[name], 4)) if whole else 0.0 for name in limits
+        }
+        | {
+            "run_top_keys": MetadataValue.md(
+                "\n".join(f"- `{k}`: {n} rows" for k, n in (whole or {}).get("top_keys", []))
+                or "none"
+            ),
+            "hash_buckets": workers,
+        },
+    ).to_result()
+
+
+def _verdict(partition: str, stats: dict | None, limits: dict[str, float]) -> PartitionResult:
+    if not stats:
+        return PartitionResult(partition, "rows", "no rows", True)
+    over = [name for name, limit in limits.items() if stats[name] > limit]
+    actual = ", ".join(f"{name} {stats[name]:.2f}" for name in limits)
+    top = ", ".join(f"{k} ({n}/{stats['rows']})" for k, n in stats["top_keys"])
+    detail = (f"over: {', '.join(over)}; " if over else "") + f"top keys: {top or 'none'}"
+    return PartitionResult(partition, "within limits", actual, not over, detail)
+
+
+skew_checks = [customer_id_skew]
