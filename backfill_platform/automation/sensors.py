@@ -41,6 +41,8 @@ from backfill_platform.automation.jobs import (
     staleness_audit_job,
 )
 from backfill_platform.automation.staleness import REPAIR_COMMAND, STAGING_STEP, StalenessReport
+from backfill_platform.checks import blocking_check_keys
+from backfill_platform.checks.results import failed_partitions_by_check
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LandingZoneResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
@@ -270,8 +272,22 @@ def rolling_window_sensor(context: SensorEvaluationContext):
             cursor=str(newest),
         )
 
-    # customer_ltv of `first` needs the snapshot before it: reach back over any unbuilt days.
-    built_ltv = instance.get_materialized_partitions(CUSTOMER_LTV)
+    # Raw days whose latest blocking check failed are not consumed: hold (cursor kept).
+    held = {
+        day: checks
+        for day, checks in failed_partitions_by_check(
+            instance, blocking_check_keys(RAW_ORDERS)
+        ).items()
+        if first.isoformat() <= day <= last.isoformat()
+    }
+    if held:
+        return SkipReason(f"holding: raw/orders partitions failed blocking checks {held}")
+
+    # customer_ltv of `first` needs the snapshot before it: reach back over any unbuilt days
+    # and over snapshots whose blocking check failed (they are rebuilt, never built upon).
+    built_ltv = set(instance.get_materialized_partitions(CUSTOMER_LTV)) - set(
+        failed_partitions_by_check(instance, blocking_check_keys(CUSTOMER_LTV))
+    )
     start = daily_partitions.start.date()
     while first > start and (first - timedelta(days=1)).isoformat() not in built_ltv:
         first -= timedelta(days=1)
