@@ -14,7 +14,7 @@ DEMO_END ?= 2025-12-31
 ORDERS_PER_DAY ?= 100
 SEED ?= 7
 
-.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data
+.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -44,6 +44,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" backfill_platform_tests
+
+# customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).
+bench-skew: install
+	$(PY) -m benchmarks.ltv_skew --days 31 --orders-per-day 3000
 
 ui: install dagster-home
 	$(VENV)/bin/dagster dev -w workspace.yaml
