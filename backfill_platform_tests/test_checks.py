@@ -1,0 +1,391 @@
+"""Asset checks on real Spark, Delta and Dagster: every check passes on good data, fails on a
+crafted fault of its kind, and names the partitions.
+
+One ranged run builds six good days once (module fixture); each fault test works on a copy
+of that lakehouse, corrupts one table with a new Delta version through the one write path
+(`LakehouseResource.replace_range`) and runs only the checks in question over the range.
+"""
+
+import shutil
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    AssetSelection,
+    DagsterEventType,
+    DagsterInstance,
+    SkipReason,
+    build_sensor_context,
+)
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
+from backfill_platform.automation.sensors import rolling_window_sensor
+from backfill_platform.checks import all_checks
+from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
+from backfill_platform.definitions import all_assets
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
+from backfill_platform_tests.harness import Platform, order_line
+
+DAYS = [(date(2024, 1, 1) + timedelta(days=i)).isoformat() for i in range(6)]
+ASSETS_AND_CHECKS = [*all_assets, *all_checks]
+CHECK_ENV = {"BACKFILL_SKEW_WORKERS": "4", "BACKFILL_CHECK_MIN_HISTORY": "3"}
+
+
+def _deliver(platform: Platform) -> None:
+    """Six days of 40 orders: 36 customers and guests, two currencies, a duplicate line,
+    a late refund of the previous day's order, an invalid and a blank line per day."""
+    for i, day in enumerate(DAYS):
+        platform.write_rates(day, {"EUR": "1.10"})
+        lines = [
+            order_line(
+                f"o{i}-{j}",
+                f"{day}T{j % 24:02d}:00:00Z",
+                customer_id=None if j % 10 == 0 else f"c{j}",
+                currency="EUR" if j % 3 == 0 else "USD",
+                status="paid" if j % 4 else "placed",
+                amount=f"{10 + j}.50",
+            )
+            for j in range(40)
+        ]
+        lines += [lines[1], "not json", ""]
+        if i:
+            lines.append(
+                order_line(
+                    f"o{i - 1}-2",
+                    f"{DAYS[i - 1]}T02:00:00Z",
+                    f"{day}T01:00:00Z",
+                    status="refunded",
+                    customer_id="c2",
+                    amount="12.50",
+                )
+            )
+        platform.write_orders(day, lines)
+
+
+@pytest.fixture(scope="module")
+def env():
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CHECK_ENV.items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, spark, env):
+    """Six good days built by ONE ranged run of every layer with every check."""
+    platform = Platform.create(tmp_path_factory.mktemp("built"))
+    _deliver(platform)
+    result = materialize_range(
+        ASSETS_AND_CHECKS, DAYS[0], DAYS[-1], platform.resources, platform.instance
+    )
+    return platform, result
+
+
+@pytest.fixture
+def copy(built, tmp_path):
+    """A private copy of the built lakehouse and landing zone, with a fresh instance."""
+    source, _ = built
+    shutil.copytree(source.landing, tmp_path / "landing")
+    shutil.copytree(source.lakehouse, tmp_path / "lakehouse")
+    return Platform.create(tmp_path)
+
+
+def _check_key(text: str) -> AssetCheckKey:
+    asset, name = text.split(":")
+    return AssetCheckKey(AssetKey(asset.split("/")), name)
+
+
+def _run_checks(platform: Platform, checks: list[str], first=DAYS[0], last=DAYS[-1]):
+    """Only the given checks over first..last: the tables stay as the test left them."""
+    return materialize_range(
+        ASSETS_AND_CHECKS,
+        first,
+        last,
+        platform.resources,
+        platform.instance,
+        selection=AssetSelection.checks(*_definitions_of(checks)),
+        raise_on_error=False,
+    )
+
+
+def _definitions_of(checks: list[str]):
+    """The check definitions holding these checks (a multi-check runs all its checks)."""
+    keys = {_check_key(c) for c in checks}
+    return [d for d in all_checks if keys & set(d.check_keys)]
+
+
+def _evaluations(result) -> dict[str, AssetCheckEvaluation]:
+    return {
+        f"{e.asset_key.to_user_string()}:{e.check_name}": e
+        for e in result.get_asset_check_evaluations()
+    }
+
+
+def _failed(evaluation: AssetCheckEvaluation) -> list[str]:
+    return evaluation.metadata[FAILED_PARTITIONS].value
+
+
+def _rewrite(platform: Platform, key: AssetKey, column: str, day: str, change) -> None:
+    """Replace one partition by `change(rows of that partition)`: a new Delta version."""
+    lake = platform.resources["lakehouse"]
+    start = date.fromisoformat(day)
+    rows = lake.read_range(key, column, start, start + timedelta(days=1))
+    lake.replace_range(key, change(rows), column, start, start + timedelta(days=1), {})
+
+
+# -- good data ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
+    _, result = built
+    assert result.success
+    evaluations = _evaluations(result)
+    expected_checks = {
+        f"{k.asset_key.to_user_string()}:{k.name}" for c in all_checks for k in c.check_keys
+    }
+    assert set(evaluations) == expected_checks and len(expected_checks) == 13
+    for name, evaluation in evaluations.items():
+        assert evaluation.passed, (name, evaluation.description)
+        assert evaluation.metadata[PARTITIONS].value == DAYS, name
+        table = evaluation.metadata["results"].value
+        assert [r.data["partition"] for r in table.records] == DAYS, name
+        assert all(r.data["passed"] for r in table.records)
+        assert "all 6 partition(s) pass" in evaluation.description
+
+    # Per-partition numbers for the UI: one observation per partition, own values each.
+    observed = {}
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.ASSET_OBSERVATION:
+            obs = event.asset_observation_data.asset_observation
+            observed[(obs.asset_key, obs.partition)] = {k: v.value for k, v in obs.metadata.items()}
+    raw = [observed[(RAW_ORDERS, d)] for d in DAYS]
+    assert [r["rows"] for r in raw] == [42] + [43] * 5  # 40 + duplicate + invalid (+ late)
+    assert [r["late_rows"] for r in raw] == [0] + [1] * 5
+    assert [r["rejects"] for r in raw] == [1] * 6
+    assert raw[1]["late_arrival_rate"] == round(1 / 43, 6)
+    fct = [observed[(FCT_DAILY_REVENUE, d)] for d in DAYS]
+    assert all(f["orders"] == 40 for f in fct) and fct[0]["revenue_usd"] > 0
+    staged = [observed[(STAGING_ORDERS, d)] for d in DAYS]
+    assert [s["superseded_versions"] for s in staged] == [2] * 5 + [1]
+
+
+# -- reconciliation faults ------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_dropped_raw_row_fails_reconciliation_naming_the_day(copy):
+    _rewrite(copy, RAW_ORDERS, "ingest_date", DAYS[2], lambda df: df.where("line_number <> 5"))
+    check = "raw/orders:rows_match_landing_lines"
+    evaluation = _evaluations(_run_checks(copy, [check]))[check]
+    assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
+    assert _failed(evaluation) == [DAYS[2]]
+    assert f"{DAYS[2]}: expected 43, got 42" in evaluation.description
+
+
+@pytest.mark.slow
+def test_a_doubled_staging_partition_fails_accounting_and_uniqueness(copy):
+    _rewrite(copy, STAGING_ORDERS, "event_date", DAYS[1], lambda df: df.unionByName(df))
+    checks = ["staging/orders:accounts_for_every_raw_row", "staging/orders:order_id_unique"]
+    evaluations = _evaluations(_run_checks(copy, checks))
+    accounting, unique = (evaluations[c] for c in checks)
+    assert _failed(accounting) == _failed(unique) == [DAYS[1]]
+    assert f"{DAYS[1]}: expected 42, got 84" in accounting.description
+    assert evaluations["staging/orders:required_columns_not_null"].passed
+
+
+@pytest.mark.slow
+def test_a_wrong_revenue_sum_and_a_broken_ltv_roll_forward_fail(copy):
+    plus_one = (F.col("revenue_local") + F.lit(1)).cast("decimal(38,2)")
+    _rewrite(
+        copy,
+        FCT_DAILY_REVENUE,
+        "event_date",
+        DAYS[3],
+        lambda df: df.withColumn(
+            "revenue_local",
+            F.when(F.col("currency") == "EUR", plus_one).otherwise(F.col("revenue_local")),
+        ),
+    )
+    _rewrite(
+        copy,
+        CUSTOMER_LTV,
+        "snapshot_date",
+        DAYS[2],
+        lambda df: df.withColumn(
+            "lifetime_revenue_usd",
+            F.when(F.col("customer_id") == "c3", F.col("lifetime_revenue_usd") + 1)
+            .otherwise(F.col("lifetime_revenue_usd"))
+            .cast("decimal(38,10)"),
+        ),
+    )
+    fct_check = "marts/fct_daily_revenue:matches_staging_orders"
+    ltv_check = "marts/customer_ltv:rolls_forward_from_previous_day"
+    evaluations = _evaluations(_run_checks(copy, [fct_check, ltv_check]))
+    assert _failed(evaluations[fct_check]) == [DAYS[3]]
+    assert "EUR: staging" in evaluations[fct_check].description
+    # The corrupt snapshot fails, and so does the next one built on top of it.
+    assert _failed(evaluations[ltv_check]) == [DAYS[2], DAYS[3]]
+    assert "1 customer(s) differ, e.g. c3" in evaluations[ltv_check].description
+
+
+# -- quality and skew faults ----------------------------------------------------------------
+@pytest.mark.slow
+def test_null_spike_empty_day_and_hot_key_warn_naming_their_days(copy):
+    _rewrite(copy, STAGING_ORDERS, "event_date", DAYS[3], _hot_key)
+    _rewrite(copy, STAGING_ORDERS, "event_date", DAYS[4], lambda df: df.limit(0))
+    _rewrite(
+        copy,
+        STAGING_ORDERS,
+        "event_date",
+        DAYS[5],
+        lambda df: df.withColumn("customer_id", F.lit(None).cast("string")),
+    )
+    checks = [
+        "staging/orders:null_rate_within_trailing_bounds",
+        "staging/orders:row_count_within_trailing_bounds",
+        "staging/orders:customer_id_skew",
+    ]
+    evaluations = _evaluations(_run_checks(copy, checks))
+    spike, volume, skew = (evaluations[c] for c in checks)
+    assert all(
+        e.severity == AssetCheckSeverity.WARN and not e.passed for e in (spike, volume, skew)
+    )
+    assert _failed(spike) == [DAYS[5]] and "customer_id: 1.000" in spike.description
+    assert _failed(volume) == [DAYS[4]] and "empty partition" in volume.description
+    assert _failed(skew) == [DAYS[3], DAYS[5]]
+    assert "c-hot (24/40)" in skew.description
+    assert evaluations["staging/orders:order_id_unique"].passed  # blocking ones still pass
+
+
+def _hot_key(df):
+    """60% of the day's orders moved to one customer."""
+    number = F.element_at(F.split("order_id", "-"), 2).cast("int")
+    return df.withColumn(
+        "customer_id", F.when(number < 24, F.lit("c-hot")).otherwise(F.col("customer_id"))
+    )
+
+
+# -- drift ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_drift_names_the_rewritten_day_that_changed_and_passes_the_identical_one(copy):
+    lake = copy.resources["lakehouse"]
+    start, end = date.fromisoformat(DAYS[1]), date.fromisoformat(DAYS[3])
+    rows = lake.read_range(FCT_DAILY_REVENUE, "event_date", start, end)
+    doubled = F.when(F.col("event_date") == F.lit(DAYS[2]).cast("date"), 2).otherwise(1)
+    lake.replace_range(
+        FCT_DAILY_REVENUE,
+        rows.withColumn("revenue_usd", (F.col("revenue_usd") * doubled).cast("decimal(38,10)")),
+        "event_date",
+        start,
+        end,
+        {},
+    )
+    check = "marts/fct_daily_revenue:drift_vs_previous_version"
+    evaluation = _evaluations(_run_checks(copy, [check], DAYS[1], DAYS[2]))[check]
+    assert evaluation.severity == AssetCheckSeverity.WARN
+    assert _failed(evaluation) == [DAYS[2]]
+    assert "sum:revenue_usd 100.0%" in evaluation.description
+    assert evaluation.metadata["rewritten_partitions"].value == 2
+
+
+# -- blocking -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_blocking_failure_in_a_single_partition_run_stops_downstream(copy):
+    """A raw row that slipped through parsing without an order_id (crafted in raw) reaches
+    staging; the blocking NOT NULL check fails and the marts are not touched."""
+    _rewrite(
+        copy,
+        RAW_ORDERS,
+        "ingest_date",
+        DAYS[2],
+        lambda df: df.unionByName(
+            df.where("reject_reason IS NULL AND event_date = ingest_date")
+            .limit(1)
+            .withColumn("order_id", F.lit(None).cast("string"))
+        ),
+    )
+    fct_version, ltv_version = (
+        copy.version("marts/fct_daily_revenue"),
+        copy.version("marts/customer_ltv"),
+    )
+    # The run builds staging and the marts with their blocking checks (the others would
+    # only cost time here).
+    built = [STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE, CUSTOMER_LTV]
+    blocking = [d for d in all_checks for s in d.check_specs if s.blocking and s.asset_key in built]
+    result = materialize_range(
+        ASSETS_AND_CHECKS,
+        DAYS[2],
+        DAYS[2],
+        copy.resources,
+        copy.instance,
+        selection=AssetSelection.assets(*built).without_checks() | AssetSelection.checks(*blocking),
+        raise_on_error=False,
+    )
+    assert not result.success
+    materialized = {e.asset_key for e in result.get_asset_materialization_events()}
+    assert STAGING_ORDERS in materialized
+    assert FCT_DAILY_REVENUE not in materialized and CUSTOMER_LTV not in materialized
+    evaluation = _evaluations(result)["staging/orders:required_columns_not_null"]
+    assert _failed(evaluation) == [DAYS[2]] and "order_id: 1 NULLs" in evaluation.description
+    assert evaluation.metadata[PARTITIONS].value == [DAYS[2]]
+    assert _evaluations(result)["staging/orders:accounts_for_every_raw_row"].passed
+    assert copy.version("marts/fct_daily_revenue") == fct_version
+    assert copy.version("marts/customer_ltv") == ltv_version
+
+
+# -- automation -----------------------------------------------------------------------------
+def _evaluation(key: AssetCheckKey, partitions: list[str], failed: list[str]):
+    return AssetCheckEvaluation(
+        asset_key=key.asset_key,
+        check_name=key.name,
+        passed=not failed,
+        metadata={PARTITIONS: partitions, FAILED_PARTITIONS: failed},
+        severity=AssetCheckSeverity.ERROR,
+    )
+
+
+def test_rolling_window_holds_partitions_whose_blocking_check_failed():
+    """No Spark: materializations and check evaluations are reported to the instance."""
+    instance = DagsterInstance.ephemeral()
+    raw_check = _check_key("raw/orders:rows_match_landing_lines")
+    ltv_check = _check_key("marts/customer_ltv:rolls_forward_from_previous_day")
+
+    def tick():
+        with build_sensor_context(instance=instance) as context:
+            return rolling_window_sensor(context)
+
+    for day in DAYS:
+        instance.report_runless_asset_event(AssetMaterialization(RAW_ORDERS, partition=day))
+        instance.report_runless_asset_event(AssetMaterialization(CUSTOMER_LTV, partition=day))
+    # A ranged raw run failed its reconciliation on day 5; a later run passed day 6 only.
+    instance.report_runless_asset_event(_evaluation(raw_check, DAYS[3:], [DAYS[4]]))
+    instance.report_runless_asset_event(_evaluation(raw_check, [DAYS[5]], []))
+    held = tick()
+    assert isinstance(held, SkipReason)
+    assert "holding" in held.skip_message and DAYS[4] in held.skip_message
+
+    # Re-ingested: the latest evaluation of day 5 passes, so the window runs again ...
+    instance.report_runless_asset_event(_evaluation(raw_check, [DAYS[4]], []))
+    # ... and reaches back over the LTV snapshot whose blocking check failed.
+    instance.report_runless_asset_event(_evaluation(ltv_check, [DAYS[2]], [DAYS[2]]))
+    request = tick().run_requests[0]
+    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == (DAYS[2], DAYS[5])
+
+
+def test_check_settings_have_documented_defaults():
+    from backfill_platform.settings import DEFAULTS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in DEFAULTS:
+        if name.startswith(("BACKFILL_CHECK_", "BACKFILL_SKEW_", "BACKFILL_DRIFT_")):
+            assert f"`{name}`" in readme
