@@ -12,7 +12,13 @@ from datetime import date
 from decimal import Decimal
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, materialize
+from dagster import (
+    AssetSelection,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    materialize,
+)
 from pyspark.sql import functions as F
 
 import backfill_platform.assets.marts as marts_module
@@ -31,6 +37,7 @@ from backfill_platform.operations.plan import build_plan
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.reconcile import reconcile_marts
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.transforms.fx import with_usd
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
@@ -106,22 +113,17 @@ def deliver(platform: Platform) -> None:
 
 
 def build_production_with_the_bug(platform: Platform, monkeypatch) -> None:
-    downstream = ["staging/orders", "staging/orders_rejects", *MARTS.split(",")]
-    platform.materialize(DAYS[0], DAYS[-1], selection=["raw/orders", "raw/fx_rates"])
-    platform.materialize(DAYS[0], DAYS[0], selection=downstream)
+    """Day 1 by the correct code, days 2..6 by the buggy release, day 7 by the fixed code."""
+    platform.materialize(DAYS[0], DAYS[0])
     with monkeypatch.context() as patch:
         patch.setattr(marts_module, "with_usd", previous_day_fx)
         materialize(
             buggy_assets(),
-            selection=AssetSelection.assets(*[k.split("/") for k in downstream]),
             resources=platform.resources,
             instance=platform.instance,
-            tags={
-                "dagster/asset_partition_range_start": DAYS[1],
-                "dagster/asset_partition_range_end": DAYS[5],
-            },
+            tags={RANGE_START_TAG: DAYS[1], RANGE_END_TAG: DAYS[5]},
         )
-    platform.materialize(DAYS[6], DAYS[6], selection=downstream)
+    platform.materialize(DAYS[6], DAYS[6])
 
 
 def fct_usd(platform: Platform, table: str = "marts/fct_daily_revenue") -> dict:
@@ -152,6 +154,7 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     by_asset = {a["asset"]: a for a in plan["assets"]}
     assert by_asset["marts/fct_daily_revenue"]["partitions"] == DAYS[1:6]
     assert by_asset["marts/customer_ltv"]["partitions"] == DAYS[1:7]
+    assert by_asset["marts/customer_ltv"]["downstream_partitions"] == [DAYS[6]]
     assert by_asset["marts/fct_daily_revenue"]["code_version_now"] == {
         "fct-daily-revenue-0-fxbug": 5
     }
@@ -290,6 +293,28 @@ def shadow_version(platform: Platform, table: str) -> int | None:
     return (
         platform.resources["lakehouse"].history(table, limit=1)[0]["metadata"].get("shadow_version")
     )
+
+
+def test_plan_blocks_on_missing_inputs_and_on_runs_writing_the_same_partitions(ops_env):
+    platform = ops_env
+    busy = DagsterRun(
+        job_name="__ASSET_JOB",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={CUSTOMER_LTV},
+        tags={RANGE_START_TAG: DAYS[4], RANGE_END_TAG: DAYS[6]},
+    )
+    platform.instance.add_run(busy)
+    lake, landing = platform.resources["lakehouse"], platform.resources["landing"]
+    plan = build_plan(lake, landing, platform.instance, [CUSTOMER_LTV], DAYS[0], DAYS[5])
+    assert not plan.ok
+    assert plan.conflicting_runs == [
+        {"run_id": busy.run_id, "assets": ["marts/customer_ltv"], "first": DAYS[4], "last": DAYS[6]}
+    ]
+    assert set(plan.assets[0].missing_inputs) == {
+        f"staging/orders partitions {DAYS[0]}..{DAYS[5]} not built",
+        f"raw/fx_rates partitions {DAYS[0]}..{DAYS[5]} not built",
+    }
+    assert "BLOCKED" in plan.markdown() and busy.run_id[:8] in plan.markdown()
 
 
 def test_cutover_refused_without_a_passed_validation(ops_env):

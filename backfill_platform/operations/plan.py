@@ -55,6 +55,8 @@ class AssetPlan:
     code_version_next: str | None
     mixed_code_versions: bool
     missing_inputs: list[str] = field(default_factory=list)
+    # partitions outside the range that read rewritten ones: rebuilt after the cutover
+    downstream_partitions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -154,6 +156,9 @@ def build_plan(
                 code_version_next=lineage.code_version[key],
                 mixed_code_versions=len(in_range) > 1,
                 missing_inputs=missing if selected else [],
+                downstream_partitions=sorted(set(keys) - set(range_keys(first, last)))
+                if selected
+                else keys,
             )
         )
     conflicts = _conflicting_runs(instance, radius, exclude_run_id) if instance else []
