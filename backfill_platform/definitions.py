@@ -7,6 +7,7 @@ from dagster import Definitions, in_process_executor, load_assets_from_modules
 from backfill_platform.assets import marts, raw, staging
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
+from backfill_platform.operations.jobs import operations_jobs
 from backfill_platform.resources import (
     DeltaIOManager,
     LakehouseResource,
@@ -49,7 +50,7 @@ defs = Definitions(
     assets=all_assets,
     asset_checks=all_checks,
     resources=build_resources(),
-    jobs=all_jobs,
+    jobs=[*all_jobs, *operations_jobs],
     schedules=all_schedules,
     sensors=all_sensors,
     # One process and one Spark session per run: a ranged run pays JVM start-up once.

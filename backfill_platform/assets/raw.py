@@ -14,9 +14,15 @@ from backfill_platform.assets.common import (
     RAW_FX_RATES,
     RAW_ORDERS,
     chunked_backfill_policy,
+    run_dates,
 )
+from backfill_platform.operations.preservation import SourcePreservationConfig, guard_source
 from backfill_platform.partitions import daily_partitions
-from backfill_platform.resources import LandingZoneResource, SparkSessionResource
+from backfill_platform.resources import (
+    LakehouseResource,
+    LandingZoneResource,
+    SparkSessionResource,
+)
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.transforms.fx import bad_headers, conflicting_rates, parse_rates
 from backfill_platform.transforms.lines import read_lines
@@ -34,9 +40,16 @@ from backfill_platform.transforms.orders import parse_orders
     kinds={"spark", "delta"},
 )
 def raw_orders(
-    context: AssetExecutionContext, spark: SparkSessionResource, landing: LandingZoneResource
+    context: AssetExecutionContext,
+    config: SourcePreservationConfig,
+    spark: SparkSessionResource,
+    landing: LandingZoneResource,
+    lakehouse: LakehouseResource,
 ) -> DataFrame:
-    """Order lines of the run's ingest days, with parsed fields and a reject reason."""
+    """Order lines of the run's ingest days, with parsed fields and a reject reason.
+
+    Refuses to replace raw by fewer lines than it holds (see operations/preservation.py).
+    """
     files = landing.files(ORDERS, context.partition_keys)
     lines = read_lines(spark.get_session(), files, "ingest_date")
     parsed = (
@@ -45,6 +58,7 @@ def raw_orders(
         .withColumn("_loaded_at", F.current_timestamp())
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    guard_source(context, config, lakehouse, RAW_ORDERS, "ingest_date", parsed, *run_dates(context))
     stats = parsed.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count("reject_reason").alias("invalid_rows"),
@@ -75,7 +89,11 @@ def raw_orders(
     kinds={"spark", "delta"},
 )
 def raw_fx_rates(
-    context: AssetExecutionContext, spark: SparkSessionResource, landing: LandingZoneResource
+    context: AssetExecutionContext,
+    config: SourcePreservationConfig,
+    spark: SparkSessionResource,
+    landing: LandingZoneResource,
+    lakehouse: LakehouseResource,
 ) -> DataFrame:
     """Rate lines of the run's rate days; a bad header or a conflicting rate fails the run."""
     files = landing.files(FX_RATES, context.partition_keys)
@@ -90,6 +108,7 @@ def raw_fx_rates(
     conflicts = conflicting_rates(rates)
     if conflicts:
         raise Failure("Two different rates for one currency and day: " + "; ".join(conflicts))
+    guard_source(context, config, lakehouse, RAW_FX_RATES, "rate_date", rates, *run_dates(context))
     stats = rates.agg(
         F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
     ).first()

@@ -16,6 +16,8 @@ from pyspark.sql import DataFrame
 
 from backfill_platform.resources.lakehouse import LakehouseResource, table_name
 
+SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
+
 PARTITION_EXPR = "partition_expr"
 
 
@@ -66,11 +68,16 @@ class DeltaIOManager(ConfigurableIOManager):
 
 
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:
-    """Who wrote the commit and with which code (the lakehouse adds the partition range)."""
+    """Who wrote the commit and with which code (the lakehouse adds the partition range).
+
+    A deliberate source purge (operations/preservation.py) is recorded on the commit too.
+    """
+    purge = (context.output_metadata or {}).get(SOURCE_PURGE)
     return {
         "dagster_run_id": context.run_id,
         "asset_key": table_name(context.asset_key),
         "code_version": context.asset_spec.code_version,
+        **({SOURCE_PURGE: getattr(purge, "value", purge)} if purge is not None else {}),
     }
 
 

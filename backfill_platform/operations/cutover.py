@@ -1,0 +1,184 @@
+"""Cutover: production's partitions of the range replaced by the shadow's, one commit per table.
+
+`LakehouseResource.replace_range` is the same replaceWhere commit every run uses, so a reader
+of the table sees the version before (all old partitions) or after (all new), never a mix.
+Refused unless the newest validation of this shadow passed and still describes the shadow
+(same shadow versions), or an explicit override is given; the commit records the shadow,
+its version, the range, the validation and the operator's reason.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import date, timedelta
+
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
+
+from backfill_platform.operations.graph import Lineage, built_partitions, range_keys
+from backfill_platform.operations.shadow import shadow_lakehouse
+from backfill_platform.operations.validate import latest_validation
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.lakehouse import table_name
+
+CUTOVER = "cutover"
+
+
+class CutoverRefused(Exception):
+    """The cutover did not start; production is unchanged."""
+
+
+@dataclass
+class TableCutover:
+    table: str
+    shadow_table: str
+    shadow_version: int | None
+    version_before: int | None
+    version_after: int
+    rows_written: int
+    rows_replaced: int
+
+
+@dataclass
+class Cutover:
+    cutover_id: str
+    suffix: str
+    start: str
+    end: str
+    reason: str
+    validation_id: str | None
+    forced: bool
+    tables: list[TableCutover]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def preflight(
+    instance: DagsterInstance | None,
+    shadow: LakehouseResource,
+    keys: list[AssetKey],
+    first: str,
+    last: str,
+    suffix: str,
+    force: bool,
+) -> str | None:
+    """The validation id the cutover rests on; raises when it cannot rest on one."""
+    problems, validation_ids = [], set()
+    for key in keys:
+        if not shadow.exists(key):
+            raise CutoverRefused(f"no shadow table {shadow.storage_name(key)}")
+        record = latest_validation(instance, key, suffix) if instance else None
+        if record is None:
+            problems.append(f"{table_name(key)}: shadow {suffix!r} was never validated")
+            continue
+        validation_ids.add(record["validation_id"])
+        if not record["passed"]:
+            problems.append(f"{table_name(key)}: validation {record['validation_id']} failed")
+        if (record["start"], record["end"]) != (first, last):
+            problems.append(
+                f"{table_name(key)}: validated range {record['start']}..{record['end']} "
+                f"is not {first}..{last}"
+            )
+        if record["shadow_version"] != shadow.current_version(key):
+            problems.append(
+                f"{table_name(key)}: shadow changed since validation (v{record['shadow_version']}"
+                f" validated, v{shadow.current_version(key)} now)"
+            )
+    if problems and not force:
+        raise CutoverRefused(
+            "cutover refused, production unchanged: "
+            + "; ".join(problems)
+            + ". Validate again, or pass the explicit override (--force) with a reason."
+        )
+    return ",".join(sorted(validation_ids)) or None
+
+
+def cutover(
+    lake: LakehouseResource,
+    instance: DagsterInstance | None,
+    selection: list[AssetKey],
+    first: str,
+    last: str,
+    suffix: str,
+    reason: str,
+    force: bool = False,
+    lineage: Lineage | None = None,
+) -> Cutover:
+    if not reason.strip():
+        raise CutoverRefused("a cutover needs the operator's reason (--reason)")
+    lineage = lineage or Lineage()
+    keys = lineage.expand(selection)
+    shadow = shadow_lakehouse(lake, suffix, keys)
+    validation_id = preflight(instance, shadow, keys, first, last, suffix, force)
+    start, end = date.fromisoformat(first), date.fromisoformat(last) + timedelta(days=1)
+    cutover_id = uuid.uuid4().hex[:12]
+    done = []
+    for key in keys:  # dependency order
+        column = lineage.column[key]
+        shadow_version = shadow.current_version(key)
+        written = built_partitions(shadow, key)
+        code_versions = sorted(
+            {
+                written[k].get("code_version") or "unknown"
+                for k in range_keys(first, last)
+                if k in written
+            }
+        )
+        before = lake.current_version(key)
+        commit = lake.replace_range(
+            key,
+            shadow.read_range(key, column, start, end, version=shadow_version),
+            column,
+            start,
+            end,
+            user_metadata={
+                "operation": CUTOVER,
+                "cutover_id": cutover_id,
+                "asset_key": table_name(key),
+                "code_version": ",".join(code_versions),
+                "shadow_suffix": suffix,
+                "shadow_source": shadow.storage_name(key),
+                "shadow_version": shadow_version,
+                "validation_id": validation_id,
+                "forced": force,
+                "reason": reason,
+            },
+        )
+        done.append(
+            TableCutover(
+                table=table_name(key),
+                shadow_table=shadow.storage_name(key),
+                shadow_version=shadow_version,
+                version_before=before,
+                version_after=commit.version,
+                rows_written=commit.rows_written,
+                rows_replaced=commit.rows_removed,
+            )
+        )
+    result = Cutover(cutover_id, suffix, first, last, reason, validation_id, force, done)
+    if instance is not None:
+        record_cutover(instance, result)
+    return result
+
+
+def record_cutover(instance: DagsterInstance, result: Cutover) -> None:
+    """Each rewritten partition gets a materialization carrying the cutover, in the UI."""
+    for t in result.tables:
+        for key in range_keys(result.start, result.end):
+            instance.report_runless_asset_event(
+                AssetMaterialization(
+                    asset_key=AssetKey(t.table.split("/")),
+                    partition=key,
+                    description=f"cutover {result.cutover_id} from {t.shadow_table}",
+                    metadata={
+                        "operation": CUTOVER,
+                        "cutover_id": result.cutover_id,
+                        "delta_version": t.version_after,
+                        "shadow_table": MetadataValue.text(t.shadow_table),
+                        "shadow_version": t.shadow_version,
+                        "reason": result.reason,
+                        "forced": result.forced,
+                    },
+                )
+            )

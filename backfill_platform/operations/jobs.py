@@ -1,0 +1,72 @@
+"""The preflight plan as a Dagster job, so the UI (Launchpad) and the CLI show the same plan."""
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    Config,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    Output,
+    job,
+    op,
+)
+from pydantic import Field
+
+from backfill_platform.operations.graph import Lineage
+from backfill_platform.operations.plan import build_plan
+from backfill_platform.resources import LakehouseResource, LandingZoneResource
+
+PLAN_MARKER = "preflight_plan"
+
+
+class PlanConfig(Config):
+    select: list[str] = Field(description="Asset keys to backfill, e.g. marts/fct_daily_revenue.")
+    start: str = Field(description="First partition key (YYYY-MM-DD), inclusive.")
+    end: str = Field(description="Last partition key (YYYY-MM-DD), inclusive.")
+
+
+@op(out=Out(Nothing), description="Blast radius, inputs, sizes, code versions and conflicts.")
+def preflight_plan(
+    context: OpExecutionContext,
+    config: PlanConfig,
+    lakehouse: LakehouseResource,
+    landing: LandingZoneResource,
+):
+    lineage = Lineage()
+    plan = build_plan(
+        lakehouse,
+        landing,
+        context.instance,
+        lineage.parse(config.select),
+        config.start,
+        config.end,
+        lineage=lineage,
+        exclude_run_id=context.run_id,
+    )
+    if not plan.ok:
+        context.log.warning("plan blocked: " + "; ".join(plan.blockers()[:10]))
+    for name in plan.selection:
+        context.log_event(
+            AssetObservation(
+                asset_key=AssetKey(name.split("/")),
+                metadata={
+                    PLAN_MARKER: MetadataValue.md(plan.markdown()),
+                    "plan_ok": plan.ok,
+                    "plan_json": MetadataValue.json(plan.to_dict()),
+                },
+            )
+        )
+    yield Output(None, metadata={"plan": MetadataValue.md(plan.markdown()), "ok": plan.ok})
+
+
+@job(
+    name="backfill_preflight_plan_job",
+    description="Preflight plan of a backfill: launch it with a selection and a range.",
+)
+def preflight_plan_job():
+    preflight_plan()
+
+
+operations_jobs = [preflight_plan_job]

@@ -1,0 +1,106 @@
+"""Raw is never replaced by less: a re-ingest whose landing files are gone or shrank fails.
+
+Landing files are immutable by contract, so a raw partition re-ingested from fewer lines than
+it holds means the source lost data (a deleted folder, a truncated copy). Replacing raw with
+that would silently destroy the only copy. A deliberate purge (a privacy deletion) is allowed
+through typed run config and recorded in the Delta commit's userMetadata.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date
+
+from dagster import AssetExecutionContext, AssetKey, Config, Failure, MetadataValue
+from pydantic import Field
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
+from backfill_platform.resources.lakehouse import LakehouseResource, table_name
+
+
+class SourcePreservationConfig(Config):
+    """Run config of the raw assets; the default refuses to replace raw by less."""
+
+    allow_source_purge: bool = Field(
+        default=False,
+        description="Allow replacing raw rows whose landing files are gone or shrank "
+        "(a deliberate purge, e.g. a privacy deletion). Recorded in the commit metadata.",
+    )
+    purge_reason: str = Field(default="", description="Why the purge is deliberate.")
+
+
+@dataclass(frozen=True)
+class SourceLoss:
+    day: date
+    file_name: str
+    rows_in_raw: int
+    rows_delivered: int
+
+    def describe(self) -> str:
+        now = "file gone" if not self.rows_delivered else f"now {self.rows_delivered} lines"
+        return f"{self.day} {self.file_name}: {self.rows_in_raw} rows in raw, {now}"
+
+
+def source_losses(
+    lake: LakehouseResource,
+    key: AssetKey,
+    day_column: str,
+    incoming: DataFrame,
+    start: date,
+    end: date,
+) -> list[SourceLoss]:
+    """Files of [start, end) that raw holds more rows of than the re-ingest delivers."""
+    if not lake.exists(key):
+        return []
+    held = lake.read_range(key, day_column, start, end).groupBy(day_column, "file_name").count()
+    delivered = (
+        incoming.groupBy(day_column, "file_name").count().withColumnRenamed("count", "delivered")
+    )
+    rows = (
+        held.join(delivered, [day_column, "file_name"], "left")
+        .where(F.col("delivered").isNull() | (F.col("delivered") < F.col("count")))
+        .orderBy(day_column, "file_name")
+        .collect()
+    )
+    return [
+        SourceLoss(r[day_column], r["file_name"], r["count"], r["delivered"] or 0) for r in rows
+    ]
+
+
+def guard_source(
+    context: AssetExecutionContext,
+    config: SourcePreservationConfig,
+    lake: LakehouseResource,
+    key: AssetKey,
+    day_column: str,
+    incoming: DataFrame,
+    start: date,
+    end: date,
+) -> None:
+    """Fail before writing when the re-ingest would lose rows, unless a purge is allowed."""
+    losses = source_losses(lake, key, day_column, incoming, start, end)
+    if not losses:
+        return
+    listed = "; ".join(loss.describe() for loss in losses[:20])
+    if not config.allow_source_purge:
+        raise Failure(
+            f"{table_name(key)}: refusing to replace raw by less; landing files are gone or "
+            f"shrank: {listed}. Raw is unchanged. Restore the files, or re-run with run "
+            "config allow_source_purge=true and a purge_reason for a deliberate purge.",
+            metadata={"lost_files": MetadataValue.json([loss.describe() for loss in losses])},
+        )
+    context.log.warning(f"deliberate source purge ({config.purge_reason!r}): {listed}")
+    context.add_output_metadata(
+        {
+            SOURCE_PURGE: json.dumps(
+                {
+                    "reason": config.purge_reason,
+                    "files": [loss.describe() for loss in losses],
+                },
+                sort_keys=True,
+            )
+        }
+    )

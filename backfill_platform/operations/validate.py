@@ -1,0 +1,308 @@
+"""Validate a shadow against production per partition, and reconcile it with the contract.
+
+The comparison (rows, sums, distinct keys, a sample of changed rows) says what the cutover
+will change; the reconciliation (the marts against the contract's answer from the landing
+files, `reconcile.py`) says whether the shadow is right. A validation passes when the shadow
+has the production schema, covers every partition of the range and reconciles. It is
+recorded as an AssetObservation on each production asset, where the UI shows it and where
+the cutover looks for it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    AssetRecordsFilter,
+    DagsterInstance,
+    MetadataValue,
+)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from backfill_platform.assets.common import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
+from backfill_platform.operations.graph import Lineage, built_partitions, range_keys
+from backfill_platform.operations.shadow import shadow_lakehouse
+from backfill_platform.reconcile import reconcile_marts
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.lakehouse import table_name
+
+VALIDATION_MARKER = "shadow_validation"
+# What identifies a row within a partition: distinct keys are counted on these.
+KEY_COLUMNS = {
+    RAW_ORDERS: ["file_name", "line_number"],
+    RAW_FX_RATES: ["file_name", "line_number"],
+    STAGING_ORDERS: ["order_id"],
+    STAGING_REJECTS: ["file_name", "line_number"],
+    FCT_DAILY_REVENUE: ["currency"],
+    CUSTOMER_LTV: ["customer_id"],
+}
+MARTS = (FCT_DAILY_REVENUE, CUSTOMER_LTV)
+
+
+@dataclass
+class PartitionDiff:
+    partition: str
+    rows: tuple[int, int]  # (production, shadow)
+    distinct_keys: tuple[int, int]
+    sums: dict[str, tuple[str, str]]  # numeric column -> (production, shadow)
+    changed: bool
+
+
+@dataclass
+class TableValidation:
+    table: str
+    shadow_table: str
+    shadow_version: int | None
+    production_version: int | None
+    schema_matches: bool
+    uncovered_partitions: list[str]
+    partitions: list[PartitionDiff]
+    changed_partitions: int
+    sample_changed_rows: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Validation:
+    validation_id: str
+    suffix: str
+    start: str
+    end: str
+    tables: list[TableValidation]
+    reconciliation: dict | None
+    passed: bool
+    created_at: str
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "failures": self.failures()}
+
+    def failures(self) -> list[str]:
+        problems = []
+        for t in self.tables:
+            if not t.schema_matches:
+                problems.append(f"{t.shadow_table}: schema differs from {t.table}")
+            if t.uncovered_partitions:
+                problems.append(
+                    f"{t.shadow_table}: partitions not built {t.uncovered_partitions[:10]}"
+                )
+        if self.reconciliation and not self.reconciliation["ok"]:
+            problems.append("shadow marts do not reconcile with the contract's answer")
+        return problems
+
+    def markdown(self, table: str | None = None) -> str:
+        lines = [
+            f"### Shadow `{self.suffix}` vs production, {self.start}..{self.end}: "
+            f"**{'PASSED' if self.passed else 'FAILED'}**",
+            "",
+        ]
+        for t in self.tables:
+            if table and t.table != table:
+                continue
+            lines += [
+                f"**{t.table}** (shadow v{t.shadow_version}, production v{t.production_version})"
+                f": {t.changed_partitions} of {len(t.partitions)} partitions differ",
+                "",
+                "| partition | rows prod/shadow | keys prod/shadow | sums that differ |",
+                "|---|---|---|---|",
+            ]
+            for p in t.partitions:
+                if not p.changed:
+                    continue
+                sums = "; ".join(f"{c}: {a} -> {b}" for c, (a, b) in p.sums.items() if a != b)
+                lines.append(
+                    f"| {p.partition} | {p.rows[0]}/{p.rows[1]} | "
+                    f"{p.distinct_keys[0]}/{p.distinct_keys[1]} | {sums} |"
+                )
+            if t.sample_changed_rows:
+                lines += ["", "Sample of changed rows:", "```"]
+                lines += [json.dumps(r, sort_keys=True) for r in t.sample_changed_rows]
+                lines += ["```"]
+            lines.append("")
+        if self.reconciliation:
+            lines += [
+                "Reconciliation with the contract: "
+                + ("OK" if self.reconciliation["ok"] else "FAILED"),
+                *(f"- {d}" for d in self.reconciliation["details"]),
+            ]
+        if self.failures():
+            lines += ["", "Failures:", *(f"- {f}" for f in self.failures())]
+        return "\n".join(lines)
+
+
+def _data_columns(df: DataFrame) -> list[str]:
+    return sorted(c for c in df.columns if not c.startswith("_"))
+
+
+def _numeric(df: DataFrame, column: str) -> bool:
+    return isinstance(df.schema[column].dataType, T.NumericType)
+
+
+def _per_partition(df: DataFrame, column: str, keys: list[str], numeric: list[str]) -> dict:
+    aggs = [
+        F.count(F.lit(1)).alias("_rows"),
+        F.count_distinct(*[F.col(k) for k in keys]).alias("_keys"),
+        *[F.sum(c).cast("string").alias(c) for c in numeric],
+    ]
+    return {r[column].isoformat(): r.asDict() for r in df.groupBy(column).agg(*aggs).collect()}
+
+
+def compare_table(
+    lake: LakehouseResource,
+    shadow: LakehouseResource,
+    key: AssetKey,
+    column: str,
+    first: str,
+    last: str,
+    sample: int = 5,
+) -> TableValidation:
+    start, end = date.fromisoformat(first), date.fromisoformat(last) + timedelta(days=1)
+    prod = lake.read_range(key, column, start, end) if lake.exists(key) else None
+    shad = shadow.read_range(key, column, start, end)
+    cols = _data_columns(shad)
+    schema_matches = prod is None or {
+        f.name: f.dataType for f in prod.schema.fields if f.name in _data_columns(prod)
+    } == {f.name: f.dataType for f in shad.schema.fields if f.name in cols}
+    keys = [k for k in KEY_COLUMNS.get(key, []) if k in cols] or cols
+    numeric = [c for c in cols if _numeric(shad, c) and c not in keys]
+    shadow_stats = _per_partition(shad, column, keys, numeric)
+    prod_stats = _per_partition(prod, column, keys, numeric) if prod is not None else {}
+    covered = set(built_partitions(shadow, key))
+    partitions = []
+    for day in range_keys(first, last):
+        p, s = prod_stats.get(day, {}), shadow_stats.get(day, {})
+        diff = PartitionDiff(
+            partition=day,
+            rows=(p.get("_rows", 0), s.get("_rows", 0)),
+            distinct_keys=(p.get("_keys", 0), s.get("_keys", 0)),
+            sums={c: (p.get(c), s.get(c)) for c in numeric},
+            changed=False,
+        )
+        diff.changed = (
+            diff.rows[0] != diff.rows[1]
+            or diff.distinct_keys[0] != diff.distinct_keys[1]
+            or any(a != b for a, b in diff.sums.values())
+        )
+        partitions.append(diff)
+    samples: list[dict] = []
+    if prod is not None and schema_matches and any(d.changed for d in partitions):
+        new = shad.select(*cols).exceptAll(prod.select(*cols)).limit(sample).collect()
+        old_rows = prod.select(*cols).exceptAll(shad.select(*cols)).limit(sample * 4).collect()
+        old = {tuple(str(r[c]) for c in [column, *keys]): r for r in old_rows}
+        for row in new:
+            before = old.get(tuple(str(row[c]) for c in [column, *keys]))
+            samples.append(
+                {
+                    "key": {c: str(row[c]) for c in [column, *keys]},
+                    "production": {c: str(before[c]) for c in cols} if before else None,
+                    "shadow": {c: str(row[c]) for c in cols},
+                }
+            )
+    return TableValidation(
+        table=table_name(key),
+        shadow_table=shadow.storage_name(key),
+        shadow_version=shadow.current_version(key),
+        production_version=lake.current_version(key),
+        schema_matches=schema_matches,
+        uncovered_partitions=[d for d in range_keys(first, last) if d not in covered],
+        partitions=partitions,
+        changed_partitions=sum(d.changed for d in partitions),
+        sample_changed_rows=samples,
+    )
+
+
+def validate_shadow(
+    lake: LakehouseResource,
+    landing_dir: str | Path,
+    instance: DagsterInstance | None,
+    selection: list[AssetKey],
+    first: str,
+    last: str,
+    suffix: str,
+    lineage: Lineage | None = None,
+    reconcile: bool = True,
+    sample: int = 5,
+) -> Validation:
+    lineage = lineage or Lineage()
+    keys = lineage.expand(selection)
+    shadow = shadow_lakehouse(lake, suffix, keys)
+    missing = [shadow.storage_name(k) for k in keys if not shadow.exists(k)]
+    if missing:
+        raise ValueError(f"no shadow table(s) {missing}; run `shadow` for this range first")
+    tables = [compare_table(lake, shadow, k, lineage.column[k], first, last, sample) for k in keys]
+    reconciliation = None
+    if reconcile and any(k in MARTS for k in keys):
+        result = reconcile_marts(
+            shadow, Path(landing_dir), date.fromisoformat(first), date.fromisoformat(last)
+        )
+        reconciliation = {"ok": result.ok, "details": result.details}
+    validation = Validation(
+        validation_id=uuid.uuid4().hex[:12],
+        suffix=suffix,
+        start=first,
+        end=last,
+        tables=tables,
+        reconciliation=reconciliation,
+        passed=False,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    validation.passed = not validation.failures()
+    if instance is not None:
+        record_validation(instance, validation)
+    return validation
+
+
+def record_validation(instance: DagsterInstance, validation: Validation) -> None:
+    """One observation per production asset: the comparison in markdown, the record in JSON."""
+    for t in validation.tables:
+        instance.report_runless_asset_event(
+            AssetObservation(
+                asset_key=AssetKey(t.table.split("/")),
+                metadata={
+                    VALIDATION_MARKER: MetadataValue.md(validation.markdown(t.table)),
+                    "validation_id": validation.validation_id,
+                    "shadow_suffix": validation.suffix,
+                    "passed": validation.passed,
+                    "range": f"{validation.start}..{validation.end}",
+                    "changed_partitions": t.changed_partitions,
+                    "record": MetadataValue.json(
+                        {
+                            "validation_id": validation.validation_id,
+                            "suffix": validation.suffix,
+                            "start": validation.start,
+                            "end": validation.end,
+                            "passed": validation.passed,
+                            "shadow_version": t.shadow_version,
+                            "production_version": t.production_version,
+                        }
+                    ),
+                },
+            )
+        )
+
+
+def latest_validation(instance: DagsterInstance, key: AssetKey, suffix: str) -> dict | None:
+    """The newest validation record of `suffix` observed on production `key`."""
+    records = instance.fetch_observations(AssetRecordsFilter(asset_key=key), limit=100).records
+    for record in records:
+        observation = record.asset_observation
+        metadata = observation.metadata if observation else {}
+        if VALIDATION_MARKER not in metadata or "record" not in metadata:
+            continue
+        data = metadata["record"].value
+        if data.get("suffix") == suffix:
+            return data
+    return None

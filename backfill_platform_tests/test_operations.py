@@ -1,0 +1,388 @@
+"""Backfills as managed operations, played end to end on tiny generated data.
+
+The incident: a release converted orders with the previous day's FX rate (a code bug, code
+version `*-0-fxbug`) for event days 2..6; day 1 and day 7 were built by the correct code.
+The correction runs as a shadow backfill of the marts, is validated, cut over atomically,
+rebuilt downstream, rolled back, cut over again and decommissioned.
+"""
+
+import json
+import threading
+from datetime import date
+from decimal import Decimal
+
+import pytest
+from dagster import (
+    AssetSelection,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    materialize,
+)
+from pyspark.sql import functions as F
+
+import backfill_platform.assets.marts as marts_module
+from backfill_platform import cli
+from backfill_platform.assets.common import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+)
+from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.operations.cutover import CutoverRefused, cutover
+from backfill_platform.operations.decommission import DecommissionRefused, decommission
+from backfill_platform.operations.graph import Lineage
+from backfill_platform.operations.plan import build_plan
+from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
+from backfill_platform.operations.validate import latest_validation
+from backfill_platform.reconcile import reconcile_marts
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.transforms.fx import with_usd
+from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
+
+DAYS = [f"2024-01-0{d}" for d in range(1, 8)]
+MARTS = "marts/fct_daily_revenue,marts/customer_ltv"
+EUR_PAID = Decimal("17.50")  # per day: 10.00 + 7.50
+BUG_VERSIONS = {
+    FCT_DAILY_REVENUE: "fct-daily-revenue-0-fxbug",
+    CUSTOMER_LTV: "customer-ltv-0-fxbug",
+}
+
+
+def eur_rate(day: str) -> Decimal:
+    return Decimal("1.10") + Decimal("0.01") * int(day[-1])
+
+
+def previous_day_fx(orders, rates):
+    """The bug: every rate applied one day late (the join used the previous day's rate)."""
+    return with_usd(orders, rates.withColumn("rate_date", F.date_add("rate_date", 1)))
+
+
+def buggy_assets():
+    """The released code: same assets, the FX step wrong, stamped with its own code version."""
+    return [
+        a.map_asset_specs(lambda s: s.replace_attributes(code_version=BUG_VERSIONS[s.key]))
+        if set(a.keys) & set(BUG_VERSIONS)
+        else a
+        for a in all_assets
+    ]
+
+
+@pytest.fixture
+def ops_env(tmp_path, spark, monkeypatch):
+    """A platform whose instance is DAGSTER_HOME's, so the CLI and the test see the same runs."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    landing, lakehouse = tmp_path / "landing", tmp_path / "lakehouse"
+    landing.mkdir()
+    for name, value in {
+        "DAGSTER_HOME": home,
+        "BACKFILL_LANDING_DIR": landing,
+        "BACKFILL_LAKEHOUSE_DIR": lakehouse,
+    }.items():
+        monkeypatch.setenv(name, str(value))
+    resources = build_resources(str(landing), str(lakehouse), spark=spark_resource_for_tests())
+    return Platform(tmp_path, landing, lakehouse, DagsterInstance.get(), resources)
+
+
+def run_cli(*argv) -> tuple[int, object]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main([*argv, "--json"])
+    return status, json.loads(out.getvalue())
+
+
+def deliver(platform: Platform) -> None:
+    for day in DAYS:
+        platform.write_rates(day, {"EUR": str(eur_rate(day)), "GBP": "1.25"})
+        platform.write_orders(
+            day,
+            [
+                order_line(f"{day}-a", f"{day}T08:00:00Z", customer_id="c1", currency="EUR"),
+                order_line(f"{day}-b", f"{day}T09:00:00Z", customer_id="c2", amount="5"),
+                order_line(
+                    f"{day}-c", f"{day}T10:00:00Z", customer_id="c3", currency="EUR", amount="7.5"
+                ),
+                order_line(f"{day}-d", f"{day}T11:00:00Z", customer_id=None, status="placed"),
+            ],
+        )
+
+
+def build_production_with_the_bug(platform: Platform, monkeypatch) -> None:
+    """Day 1 by the correct code, days 2..6 by the buggy release, day 7 by the fixed code."""
+    platform.materialize(DAYS[0], DAYS[0])
+    with monkeypatch.context() as patch:
+        patch.setattr(marts_module, "with_usd", previous_day_fx)
+        materialize(
+            buggy_assets(),
+            resources=platform.resources,
+            instance=platform.instance,
+            tags={RANGE_START_TAG: DAYS[1], RANGE_END_TAG: DAYS[5]},
+        )
+    platform.materialize(DAYS[6], DAYS[6])
+
+
+def fct_usd(platform: Platform, table: str = "marts/fct_daily_revenue") -> dict:
+    lake = platform.resources["lakehouse"]
+    return {
+        (str(r["event_date"]), r["currency"]): r["revenue_usd"]
+        for r in lake.read(table).select("event_date", "currency", "revenue_usd").collect()
+    }
+
+
+def full_rows(platform: Platform, table: str) -> list:
+    """Every column, audit columns included: a rollback must restore the table exactly."""
+    return sorted(map(str, platform.table(table).collect()))
+
+
+@pytest.mark.slow
+def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env, monkeypatch):
+    platform, lake = ops_env, ops_env.resources["lakehouse"]
+    deliver(platform)
+    build_production_with_the_bug(platform, monkeypatch)
+    landing, first, last = platform.landing, date(2024, 1, 1), date(2024, 1, 7)
+    assert not reconcile_marts(lake, landing, first, last).ok
+
+    # Plan: the marts over days 2..6 also rewrite LTV day 7 (its previous-day mapping); the
+    # whole week was written by two code versions.
+    status, plan = run_cli("plan", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5])
+    assert status == 0 and plan["ok"], plan
+    by_asset = {a["asset"]: a for a in plan["assets"]}
+    assert by_asset["marts/fct_daily_revenue"]["partitions"] == DAYS[1:6]
+    assert by_asset["marts/customer_ltv"]["partitions"] == DAYS[1:7]
+    assert by_asset["marts/customer_ltv"]["downstream_partitions"] == [DAYS[6]]
+    assert by_asset["marts/fct_daily_revenue"]["code_version_now"] == {
+        "fct-daily-revenue-0-fxbug": 5
+    }
+    assert by_asset["marts/fct_daily_revenue"]["code_version_next"] == "fct-daily-revenue-1"
+    assert by_asset["marts/fct_daily_revenue"]["rows"] == 5 * 2  # EUR and USD rows per day
+    week = build_plan(lake, platform.resources["landing"], None, [FCT_DAILY_REVENUE], *DAYS[::6])
+    assert week.assets[0].mixed_code_versions and not plan["assets"][0]["mixed_code_versions"]
+    assert platform.instance.get_run_by_id(plan["run_id"]).job_name == (
+        "backfill_preflight_plan_job"
+    )
+
+    # Shadow: the corrected code over the range, beside production, which stays untouched.
+    before = {t: full_rows(platform, t) for t in MARTS.split(",")}
+    versions = {t: platform.version(t) for t in MARTS.split(",")}
+    old_usd = fct_usd(platform)
+    status, shadow = run_cli(
+        "shadow", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--suffix", "fxfix"
+    )
+    assert status == 0 and shadow["success"], shadow
+    assert shadow["seeded"] == {"marts/customer_ltv__shadow_fxfix": f"{DAYS[0]}..{DAYS[0]}"}
+    assert {t: full_rows(platform, t) for t in MARTS.split(",")} == before
+    assert {t: platform.version(t) for t in MARTS.split(",")} == versions
+    new_usd = fct_usd(platform, "marts/fct_daily_revenue__shadow_fxfix")
+
+    # Validate: exactly the expected difference, and the shadow reconciles with the contract.
+    status, validation = run_cli(
+        "validate", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--suffix", "fxfix"
+    )
+    assert status == 0 and validation["passed"], validation
+    assert validation["reconciliation"]["ok"]
+    fct_check = next(t for t in validation["tables"] if t["table"] == "marts/fct_daily_revenue")
+    assert fct_check["changed_partitions"] == 5
+    for i, part in enumerate(fct_check["partitions"], start=1):
+        prod_sum, shadow_sum = map(Decimal, part["sums"]["revenue_usd"])
+        # the bug used day i-1's rate for day i: the difference is the paid EUR times the move
+        assert shadow_sum - prod_sum == EUR_PAID * (eur_rate(DAYS[i]) - eur_rate(DAYS[i - 1]))
+        assert part["rows"] == [2, 2]
+    assert fct_check["sample_changed_rows"][0]["key"]["currency"] == "EUR"
+    assert latest_validation(platform.instance, FCT_DAILY_REVENUE, "fxfix")["passed"]
+
+    # Cutover while a reader polls production: every read is all old or all new.
+    eur_days = [(d, "EUR") for d in DAYS[1:6]]
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            rows = fct_usd(platform)
+            seen.append(
+                {
+                    "old"
+                    if rows.get(k) == old_usd[k]
+                    else "new"
+                    if rows.get(k) == new_usd[k]
+                    else "?"
+                    for k in eur_days
+                }
+            )
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        status, done = run_cli(
+            "cutover",
+            "--select",
+            MARTS,
+            "--start",
+            DAYS[1],
+            "--end",
+            DAYS[5],
+            "--suffix",
+            "fxfix",
+            "--reason",
+            "FX joined the previous day's rate (INC-42)",
+        )
+    finally:
+        stop.set()
+        thread.join()
+    assert status == 0, done
+    assert seen and all(len(s) == 1 and s <= {"old", "new"} for s in seen), seen
+    assert fct_usd(platform) == {**old_usd, **new_usd}
+    commit = lake.history("marts/fct_daily_revenue", limit=1)[0]["metadata"]
+    assert commit["operation"] == "cutover" and commit["reason"].endswith("(INC-42)")
+    assert (commit["partition_start"], commit["partition_end"]) == (DAYS[1], "2024-01-07")
+    assert commit["shadow_version"] == shadow_version(platform, "marts/fct_daily_revenue")
+    # Downstream rebuilt through the normal path: LTV day 7 now carries corrected days 2..6.
+    assert [(r["assets"], r["first"], r["last"]) for r in done["rebuild_runs"]] == [
+        (["marts/customer_ltv"], DAYS[6], DAYS[6])
+    ]
+    assert reconcile_marts(lake, landing, first, last).ok
+
+    status, history = run_cli(
+        "history", "--select", "marts/fct_daily_revenue", "--start", DAYS[2], "--end", DAYS[2]
+    )
+    assert [(h["operation"], h["code_version"]) for h in history][:2] == [
+        ("cutover", "fct-daily-revenue-1"),
+        ("WRITE", "fct-daily-revenue-0-fxbug"),
+    ]
+
+    # Rollback: one command, the old numbers exactly (audit columns included).
+    after_cutover = {t: full_rows(platform, t) for t in MARTS.split(",")}
+    status, undone = run_cli("rollback", "--reason", "finance wants the old numbers back")
+    assert status == 0, undone
+    assert {t: full_rows(platform, t) for t in MARTS.split(",")} == before
+    assert run_cli("rollback", "--reason", "again")[0] == 1  # already rolled back
+
+    # The fix was right after all: cut over again; the shadow is kept for the retention window.
+    again = cutover(
+        lake,
+        platform.instance,
+        [FCT_DAILY_REVENUE, CUSTOMER_LTV],
+        DAYS[1],
+        DAYS[5],
+        "fxfix",
+        "re-apply INC-42 fix",
+    )
+    assert {t: full_rows(platform, t) for t in MARTS.split(",")}["marts/fct_daily_revenue"] == (
+        after_cutover["marts/fct_daily_revenue"]
+    )
+    with pytest.raises(DecommissionRefused, match="retention window"):
+        decommission(lake, "fxfix", retention_hours=168)
+    assert (platform.lakehouse / "marts/fct_daily_revenue__shadow_fxfix").is_dir()
+
+    status, gone = run_cli("decommission", "--suffix", "fxfix", "--retention-hours", "0")
+    assert status == 0, gone
+    assert not list(platform.lakehouse.glob("marts/*__shadow_*"))
+    old_fct = next(t for t in again.tables if t.table == "marts/fct_daily_revenue")
+    assert missing_files(lake, "marts/fct_daily_revenue", old_fct.version_before)
+    current = {t: full_rows(platform, t) for t in MARTS.split(",")}
+    with pytest.raises(RollbackRefused, match="vacuumed"):
+        rollback(lake, platform.instance, "too late")
+    assert {t: full_rows(platform, t) for t in MARTS.split(",")} == current
+
+
+def shadow_version(platform: Platform, table: str) -> int | None:
+    return (
+        platform.resources["lakehouse"].history(table, limit=1)[0]["metadata"].get("shadow_version")
+    )
+
+
+def test_plan_blocks_on_missing_inputs_and_on_runs_writing_the_same_partitions(ops_env):
+    platform = ops_env
+    busy = DagsterRun(
+        job_name="__ASSET_JOB",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={CUSTOMER_LTV},
+        tags={RANGE_START_TAG: DAYS[4], RANGE_END_TAG: DAYS[6]},
+    )
+    platform.instance.add_run(busy)
+    lake, landing = platform.resources["lakehouse"], platform.resources["landing"]
+    plan = build_plan(lake, landing, platform.instance, [CUSTOMER_LTV], DAYS[0], DAYS[5])
+    assert not plan.ok
+    assert plan.conflicting_runs == [
+        {"run_id": busy.run_id, "assets": ["marts/customer_ltv"], "first": DAYS[4], "last": DAYS[6]}
+    ]
+    assert set(plan.assets[0].missing_inputs) == {
+        f"staging/orders partitions {DAYS[0]}..{DAYS[5]} not built",
+        f"raw/fx_rates partitions {DAYS[0]}..{DAYS[5]} not built",
+    }
+    assert "BLOCKED" in plan.markdown() and busy.run_id[:8] in plan.markdown()
+
+
+def test_cutover_refused_without_a_passed_validation(ops_env):
+    platform, lake = ops_env, ops_env.resources["lakehouse"]
+    deliver(platform)
+    platform.materialize(DAYS[0], DAYS[1], selection=["raw/orders", "raw/fx_rates"])
+    lineage = Lineage()
+    # A shadow of raw/fx_rates exists but was never validated.
+    from backfill_platform.operations.shadow import shadow_lakehouse
+
+    shadow = shadow_lakehouse(lake, "t", [RAW_FX_RATES])
+    shadow.replace_range(
+        RAW_FX_RATES, lake.read(RAW_FX_RATES), "rate_date", date(2024, 1, 1), date(2024, 1, 3), {}
+    )
+    version = platform.version("raw/fx_rates")
+    with pytest.raises(CutoverRefused, match="never validated"):
+        cutover(
+            lake, platform.instance, [RAW_FX_RATES], DAYS[0], DAYS[1], "t", "x", lineage=lineage
+        )
+    assert platform.version("raw/fx_rates") == version
+
+
+@pytest.mark.slow
+def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
+    platform, lake = ops_env, ops_env.resources["lakehouse"]
+    deliver(platform)
+    platform.materialize(DAYS[0], DAYS[1], selection=["raw/orders"])
+    raw_before, version = full_rows(platform, "raw/orders"), platform.version("raw/orders")
+    gone = platform.landing / "orders" / f"ingest_date={DAYS[1]}" / "part-0000.jsonl"
+    gone.unlink()
+
+    plan = build_plan(lake, platform.resources["landing"], None, [RAW_ORDERS], DAYS[0], DAYS[1])
+    assert not plan.ok
+    assert plan.missing_inputs == [
+        f"raw/orders: landing file orders/{DAYS[1]}/part-0000.jsonl is gone"
+    ]
+    status, refused = run_cli(
+        "shadow", "--select", "raw/orders", "--start", DAYS[0], "--end", DAYS[1], "--suffix", "s"
+    )
+    assert status == 1 and refused["refused"]
+
+    result = platform.materialize(DAYS[0], DAYS[1], selection=["raw/orders"], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    message = failure.step_failure_data.error.message
+    assert f"{DAYS[1]} part-0000.jsonl: 4 rows in raw, file gone" in message
+    assert full_rows(platform, "raw/orders") == raw_before
+    assert platform.version("raw/orders") == version
+
+    # A deliberate purge is allowed through typed run config and recorded on the commit.
+    purge = materialize(
+        all_assets,
+        selection=AssetSelection.assets(RAW_ORDERS),
+        resources=platform.resources,
+        instance=platform.instance,
+        run_config={
+            "ops": {
+                "raw__orders": {
+                    "config": {"allow_source_purge": True, "purge_reason": "GDPR erasure #7"}
+                }
+            }
+        },
+        tags={
+            "dagster/asset_partition_range_start": DAYS[0],
+            "dagster/asset_partition_range_end": DAYS[1],
+        },
+    )
+    assert purge.success
+    meta = lake.history("raw/orders", limit=1)[0]["metadata"]
+    assert json.loads(meta["source_purge"])["reason"] == "GDPR erasure #7"
+    assert platform.table("raw/orders").count() == 4
