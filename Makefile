@@ -14,7 +14,7 @@ DEMO_END ?= 2025-12-31
 ORDERS_PER_DAY ?= 100
 SEED ?= 7
 
-.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data bench-skew
+.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data bench bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -48,6 +48,18 @@ test-fast: install
 # customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).
 bench-skew: install
 	$(PY) -m benchmarks.ltv_skew --days 31 --orders-per-day 3000
+
+# Throughput vs a bare Spark job and one run per partition (docs/performance.md); about
+# 15 minutes on 2 idle cores. Scale: make bench BENCH_DAYS=366 BENCH_ORDERS_PER_DAY=300
+BENCH_START ?= 2024-01-01
+BENCH_DAYS ?= 184
+BENCH_ORDERS_PER_DAY ?= 150
+BENCH_SCALING ?= 0.5x1,0.5x3
+BENCH_ARGS ?=
+
+bench: install
+	$(PY) -m benchmarks.bench --start $(BENCH_START) --days $(BENCH_DAYS) \
+		--orders-per-day $(BENCH_ORDERS_PER_DAY) --scaling "$(BENCH_SCALING)" $(BENCH_ARGS)
 
 ui: install dagster-home
 	$(VENV)/bin/dagster dev -w workspace.yaml

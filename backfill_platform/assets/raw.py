@@ -52,19 +52,22 @@ def raw_orders(
     """
     files = landing.files(ORDERS, context.partition_keys)
     lines = read_lines(spark.get_session(), files, "ingest_date")
-    parsed = (
-        parse_orders(lines.where(~F.col("is_blank")).drop("is_blank"))
+    # Blank lines are parsed and cached too, so one pass over the files counts them.
+    every_line = (
+        parse_orders(lines)
         .withColumnRenamed("day", "ingest_date")
         .withColumn("_loaded_at", F.current_timestamp())
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    parsed = every_line.where(~F.col("is_blank")).drop("is_blank")
     guard_source(context, config, lakehouse, RAW_ORDERS, "ingest_date", parsed, *run_dates(context))
-    stats = parsed.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.count("reject_reason").alias("invalid_rows"),
+    stats = every_line.agg(
+        F.count(F.when(~F.col("is_blank"), True)).alias("rows"),
+        F.count(F.when(~F.col("is_blank"), F.col("reject_reason"))).alias("invalid_rows"),
         F.count(F.when(F.col("event_date") < F.col("ingest_date"), True)).alias("late_rows"),
+        F.count(F.when(F.col("is_blank"), True)).alias("blank"),
     ).first()
-    blank = lines.where("is_blank").count() if files else 0
+    blank = stats["blank"]
     context.add_output_metadata(
         {
             "landing_files": len(files),

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 from pyspark.sql import SparkSession
 
@@ -59,6 +59,13 @@ class SparkSessionResource(ConfigurableResource):
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
         return session
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """Drop what the run cached: the session outlives the run (in-process backfills run
+        chunk after chunk in one session), so caches left behind would pile up in memory."""
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.catalog.clearCache()
 
     def _conf(self) -> dict[str, str]:
         conf = {

@@ -1,0 +1,41 @@
+"""`make bench` end to end at a micro scale: it runs, checks itself and writes valid JSON.
+
+No timing is asserted here; speed targets live in the benchmark's own report.
+"""
+
+import json
+
+import pytest
+
+from benchmarks import bench
+
+
+@pytest.mark.slow
+def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
+    code = bench.main(
+        [
+            "--start=2024-01-01",
+            "--days=3",
+            "--orders-per-day=4",
+            "--sample=1",
+            "--window-repeats=1",
+            "--no-cold",
+            "--scaling=",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert code == 0
+    (result_file,) = tmp_path.glob("*.json")
+    result = json.loads(result_file.read_text())
+    for key in ("floor", "platform", "rerun", "per_partition_extrapolated", "rolling_window"):
+        assert result["seconds"][key] > 0
+    assert set(result["ratios"]) >= {
+        "platform_over_floor",
+        "per_partition_over_chunked",
+        "rerun_over_first",
+    }
+    assert result["checks"]["rerun_rows_unchanged"] and result["checks"]["floor_equals_platform"]
+    assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
+    assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
+    assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
+    assert "| platform: full backfill" in capsys.readouterr().out

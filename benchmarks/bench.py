@@ -1,0 +1,584 @@
+"""`make bench`: backfill throughput against a bare Spark job and one run per partition.
+
+Everything runs on ONE generated landing zone, side by side in one session: the floor (a
+bare Spark job), the platform's chunked backfill through Dagster from an empty lakehouse,
+the same backfill again, a sample of one-run-per-partition (warm session and a new process
+per run), the live path's rolling-window cycle, and full backfills at other sizes for a
+linear cost model. Writes benchmarks/results/<timestamp>.json and .png and prints a
+markdown table. Numbers on a shared machine are inflated: the load average is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import MemorySampler, SparkLog, load_average, machine_info, stopwatch
+
+REPO = Path(__file__).resolve().parents[1]
+FCT_COLUMNS = ["event_date", "currency", "orders", "paid_orders", "revenue_local", "revenue_usd"]
+LTV_COLUMNS = [
+    "snapshot_date",
+    "customer_id",
+    "lifetime_paid_orders",
+    "lifetime_revenue_usd",
+    "first_order_date",
+]
+TARGETS = {
+    "platform_over_floor": ("<=", 1.5),
+    "per_partition_over_chunked": (">=", 20.0),
+    "rerun_over_first": ("<=", 1.10),
+    "rolling_window_seconds": ("<", 60.0),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--start", type=date.fromisoformat, default=date(2024, 1, 1))
+    parser.add_argument("--days", type=int, default=184, help="partitions in the range")
+    parser.add_argument("--orders-per-day", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--per-run", type=int, default=None, help="default: the setting")
+    parser.add_argument("--sample", type=int, default=3, help="one-run-per-partition days")
+    parser.add_argument("--cold-sample", type=int, default=1, help="same, new process per run")
+    parser.add_argument(
+        "--no-cold", action="store_true", help="skip the new-process-per-run measurements"
+    )
+    parser.add_argument("--window-repeats", type=int, default=2, help="warm window cycles")
+    parser.add_argument(
+        "--scaling",
+        default="0.5x1,0.5x3",
+        help="extra full backfills as DAYSxORDERS factors of the main scale; '' for none",
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--keep-work", action="store_true", help="keep generated data")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ["BACKFILL_START_DATE"] = args.start.isoformat()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / f"work-{stamp}"
+    work.mkdir()
+    log_path = work / "bench.log"
+    print(f"benchmark {stamp}: Spark and Dagster logs go to {log_path}", flush=True)
+    bench = Bench(args, work, stamp)
+    try:
+        with _stderr_to(log_path):
+            result = bench.run()
+    except Exception:
+        # Keep what was measured before the failure; the traceback says where it stopped.
+        partial = {
+            "error": traceback.format_exc(),
+            "seconds": bench.seconds,
+            "memory": bench.memory,
+        }
+        (args.out / f"{stamp}.partial.json").write_text(json.dumps(partial, indent=2, default=str))
+        raise
+    finally:
+        if not args.keep_work:
+            kept = args.out / f"{stamp}.log"
+            shutil.copy(log_path, kept)
+            shutil.rmtree(work, ignore_errors=True)
+    json_path = args.out / f"{stamp}.json"
+    json_path.write_text(json.dumps(result, indent=2, default=str))
+    from benchmarks.report import chart, markdown
+
+    chart(result, args.out / f"{stamp}.png")
+    print(markdown(result))
+    print(f"\nwrote {json_path} and {args.out / f'{stamp}.png'}")
+    return 0 if result["checks"]["all_ok"] else 1
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path, stamp: str):
+        self.args = args
+        self.work = work
+        self.stamp = stamp
+        self.seconds: dict[str, Any] = {}
+        self.memory: dict[str, dict[str, float]] = {}
+        self.events = work / "spark-events"
+        self.cold = not args.no_cold and args.cold_sample > 0
+
+    # -- set-up ---------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from backfill_platform.partitions import daily_partitions
+        from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+
+        args = self.args
+        if daily_partitions.start.date() != args.start:
+            raise SystemExit(
+                f"partitions start at {daily_partitions.start.date()}, the benchmark at "
+                f"{args.start}: set BACKFILL_START_DATE={args.start} before importing"
+            )
+        load_start = load_average()
+        self.per_run = args.per_run or int(setting(PARTITIONS_PER_RUN))
+        self.days = [args.start + timedelta(days=i) for i in range(args.days)]
+        self.new_day = self.days[-1] + timedelta(days=1)
+        self.landing = self.work / "landing"
+        _say(f"generating {args.days} days x {args.orders_per_day} orders/day (+1 new day)")
+        with stopwatch(self.seconds, "generate"):
+            summary = self._generate(self.landing, args.days + 1, args.orders_per_day)
+
+        self.events.mkdir()
+        with stopwatch(self.seconds, "session_start"):
+            self.spark_resource = self._spark_resource()
+            self.spark = self.spark_resource.get_session()
+            self.spark.range(10).count()
+        self.spark_log_enabled = self.spark.conf.get("spark.eventLog.enabled", "false") == "true"
+
+        with MemorySampler() as sampler:
+            self.sampler = sampler
+            result = self._measure(summary)
+        result["load_average"] = {"start": load_start, "end": load_average()}
+        return result
+
+    def _generate(self, landing: Path, days: int, orders_per_day: int) -> dict:
+        from backfill_platform.sources.generate import generate_landing
+
+        last = self.args.start + timedelta(days=days - 1)
+        return generate_landing(
+            landing, self.args.start, last, orders_per_day, self.args.seed, progress=False
+        )
+
+    def _spark_resource(self):
+        from backfill_platform.resources import SparkSessionResource
+        from backfill_platform.settings import (
+            SPARK_DRIVER_MEMORY,
+            SPARK_MASTER,
+            SPARK_SHUFFLE_PARTITIONS,
+            setting,
+        )
+
+        return SparkSessionResource(
+            master=setting(SPARK_MASTER),
+            shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
+            driver_memory=setting(SPARK_DRIVER_MEMORY),
+            extra_conf={
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": self.events.resolve().as_uri(),
+                "spark.eventLog.compress": "false",
+                "spark.eventLog.rolling.enabled": "false",
+            },
+        )
+
+    def _platform(self, name: str):
+        """A fresh lakehouse and Dagster instance (deploy/dagster.yaml, SQLite on disk)."""
+        from dagster import DagsterInstance
+
+        from backfill_platform.definitions import build_resources
+
+        home = self.work / name / "dagster_home"
+        home.mkdir(parents=True)
+        shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+        lakehouse = self.work / name / "lakehouse"
+        resources = build_resources(str(self.landing), str(lakehouse), spark=self.spark_resource)
+        return resources, DagsterInstance.from_config(str(home)), home, lakehouse
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        _say(f"{name} ...")
+        self.sampler.reset()
+        with stopwatch(self.seconds, name):
+            yield
+        self.memory[name] = self.sampler.peaks_mb()
+        _say(f"{name}: {self.seconds[name]} s")
+
+    # -- the measurements -----------------------------------------------------------------
+    def _measure(self, summary: dict) -> dict[str, Any]:
+        from backfill_platform.definitions import all_assets
+        from backfill_platform.reconcile import fingerprints
+        from backfill_platform.runner import backfill
+        from benchmarks.floor import run_floor
+
+        first, last = self.days[0].isoformat(), self.days[-1].isoformat()
+        n = len(self.days)
+
+        with self._phase("floor_1"):
+            run_floor(self.spark, self.landing, self.days, self.work / "floor")
+
+        resources, instance, home, lakehouse = self._platform("main")
+        lake = resources["lakehouse"]
+        runs: dict[str, list] = {}
+        with self._phase("platform"):
+            runs["platform"] = backfill(
+                all_assets, first, last, resources, instance, per_run=self.per_run
+            )
+        before = fingerprints(lake)
+        raw_rows = int(before["raw/orders"][0])
+        with self._phase("rerun"):
+            runs["rerun"] = backfill(
+                all_assets, first, last, resources, instance, per_run=self.per_run
+            )
+        rerun_same = fingerprints(lake) == before
+
+        with self._phase("floor_2"):
+            run_floor(self.spark, self.landing, self.days, self.work / "floor")
+        floor_same = self._floor_equals_platform(lake, self.work / "floor")
+
+        # One run per partition: consecutive days in the middle, warm session, then cold.
+        sample = self.days[n // 2 : n // 2 + self.args.sample]
+        with self._phase("per_partition_sample_warm"):
+            runs["per_partition"] = backfill(
+                all_assets,
+                sample[0].isoformat(),
+                sample[-1].isoformat(),
+                resources,
+                instance,
+                per_run=1,
+            )
+        cold = self.days[n // 2 - self.args.cold_sample : n // 2] if self.cold else []
+        cold_ok = True
+        if cold:
+            with self._phase("per_partition_sample_cold"):
+                cold_ok = all(
+                    self._cold_run(lakehouse, home, day.isoformat(), day.isoformat(), layer)
+                    for day in cold
+                    for layer in ("raw", "downstream")
+                )
+
+        # The live path: one new landing day, then the rolling window over the last N days.
+        window_days = int(os.environ.get("BACKFILL_LIVE_WINDOW_DAYS", "3"))
+        window_first = (self.new_day - timedelta(days=window_days - 1)).isoformat()
+        new_day = self.new_day.isoformat()
+        window_ok = True
+        if self.cold:
+            with self._phase("rolling_window"):
+                window_ok = self._cold_run(lakehouse, home, new_day, new_day, "raw")
+                window_ok &= self._cold_run(lakehouse, home, window_first, new_day, "downstream")
+        warm = []
+        for i in range(self.args.window_repeats):
+            with self._phase(f"rolling_window_warm_{i + 1}"):
+                window_ok &= self._warm_window(resources, instance, window_first, new_day)
+            warm.append(self.seconds[f"rolling_window_warm_{i + 1}"])
+        files = files_per_partition(lake)
+
+        scaling = self._scaling(n, raw_rows, runs)
+        spark_log = SparkLog.read(self.events if self.spark_log_enabled else None)
+        spans = self.seconds.pop("_spans")
+        phases = {
+            name: {
+                **spark_log.between(*spans[name]).summary(),
+                "top_stages": spark_log.between(*spans[name]).top_stages(),
+            }
+            for name in ("floor_1", "platform", "rerun", "floor_2", "per_partition_sample_warm")
+        }
+        steps = step_breakdown(instance, runs["platform"], spark_log)
+
+        floor = min(self.seconds["floor_1"], self.seconds["floor_2"])
+        platform, rerun = self.seconds["platform"], self.seconds["rerun"]
+        per_part_warm = self.seconds["per_partition_sample_warm"] / len(sample) * n
+        per_part_cold = (
+            self.seconds["per_partition_sample_cold"] / len(cold) * n if cold else per_part_warm
+        )
+        warm_window = round(sum(warm) / len(warm), 2) if warm else None
+        seconds = {
+            "floor": floor,
+            "platform": platform,
+            "rerun": rerun,
+            "per_partition_extrapolated": round(per_part_cold, 1),
+            "per_partition_extrapolated_warm_session": round(per_part_warm, 1),
+            "rolling_window": self.seconds.get("rolling_window", warm_window),
+            "rolling_window_warm_session": warm_window,
+            "detail": dict(self.seconds),
+        }
+        ratios = {
+            "platform_over_floor": round(platform / floor, 2),
+            "per_partition_over_chunked": round(per_part_cold / platform, 1),
+            "per_partition_warm_over_chunked": round(per_part_warm / platform, 1),
+            "rerun_over_first": round(rerun / platform, 3),
+        }
+        all_runs = [r for rs in runs.values() for r in rs]
+        checks = {
+            "all_runs_succeeded": all(r.success for r in all_runs) and cold_ok and window_ok,
+            "rerun_rows_unchanged": rerun_same,
+            "floor_equals_platform": floor_same,
+            "active_files_per_partition_max": max(f["active_max"] for f in files.values()),
+        }
+        checks["all_ok"] = bool(
+            checks["all_runs_succeeded"] and rerun_same and floor_same and scaling["ok"]
+        )
+        measured = {
+            **ratios,
+            "rolling_window_seconds": seconds["rolling_window"],
+        }
+        return {
+            "timestamp": self.stamp,
+            "scale": {
+                "start": self.days[0].isoformat(),
+                "end": self.days[-1].isoformat(),
+                "partitions": n,
+                "orders_per_day": self.args.orders_per_day,
+                "seed": self.args.seed,
+                "generated_orders": summary.get("orders"),
+                "raw_rows": raw_rows,
+                "partitions_per_run": self.per_run,
+                "platform_runs": len(runs["platform"]),
+                "per_partition_sample": [sample[0].isoformat(), sample[-1].isoformat()],
+                "per_partition_cold_sample": [cold[0].isoformat(), cold[-1].isoformat()]
+                if cold
+                else None,
+                "new_process_per_run_measured": bool(cold),
+                "window_days": window_days,
+            },
+            "seconds": seconds,
+            "ratios": ratios,
+            "targets": {
+                k: {
+                    "target": f"{op} {v}",
+                    "measured": measured[k],
+                    "met": _meets(measured[k], op, v),
+                }
+                for k, (op, v) in TARGETS.items()
+            },
+            "rows_per_second": {
+                "floor": round(raw_rows / floor),
+                "platform": round(raw_rows / platform),
+                "rerun": round(raw_rows / rerun),
+            },
+            "memory_peak_mb": self.memory,
+            "checks": checks,
+            "files_per_partition": files,
+            "spark_phases": phases,
+            "platform_steps": steps,
+            "scaling": scaling,
+            "machine": machine_info(self.spark),
+        }
+
+    def _cold_run(self, lakehouse: Path, home: Path, first: str, last: str, layer: str) -> bool:
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.one_run",
+            "--landing",
+            str(self.landing),
+            "--lakehouse",
+            str(lakehouse),
+            "--dagster-home",
+            str(home),
+            "--first",
+            first,
+            "--last",
+            last,
+            "--layer",
+            layer,
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+        with open(self.work / "cold-runs.log", "a") as log:
+            done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=log, check=False)
+        return done.returncode == 0
+
+    def _warm_window(self, resources, instance, first: str, last: str) -> bool:
+        from dagster import AssetSelection
+
+        from backfill_platform.automation.jobs import DOWNSTREAM_KEYS, RAW_KEYS
+        from backfill_platform.definitions import all_assets
+        from backfill_platform.runner import materialize_range
+
+        ok = True
+        for keys, span in ((RAW_KEYS, (last, last)), (DOWNSTREAM_KEYS, (first, last))):
+            result = materialize_range(
+                all_assets,
+                *span,
+                resources,
+                instance,
+                selection=AssetSelection.assets(*keys),
+                raise_on_error=False,
+            )
+            ok &= result.success
+        return ok
+
+    def _floor_equals_platform(self, lake, floor_dir: Path) -> bool:
+        from pyspark.sql import functions as F
+
+        def digest(df, cols):
+            row = df.agg(
+                F.count(F.lit(1)).alias("n"),
+                F.sum(F.xxhash64(*cols).cast("decimal(38,0)")).alias("h"),
+            ).first()
+            return row["n"], row["h"]
+
+        read = self.spark.read.parquet
+        return digest(read(str(floor_dir / "fct_daily_revenue")), FCT_COLUMNS) == digest(
+            lake.read("marts/fct_daily_revenue"), FCT_COLUMNS
+        ) and digest(read(str(floor_dir / "customer_ltv")), LTV_COLUMNS) == digest(
+            lake.read("marts/customer_ltv"), LTV_COLUMNS
+        )
+
+    def _scaling(self, n: int, raw_rows: int, runs: dict) -> dict[str, Any]:
+        """Full backfills at other sizes; cost = runs x a + partitions x b + Mrows x c."""
+        from backfill_platform.definitions import all_assets
+        from backfill_platform.reconcile import table_counts
+        from backfill_platform.runner import backfill
+
+        points = [
+            {
+                "label": "main",
+                "partitions": n,
+                "orders_per_day": self.args.orders_per_day,
+                "runs": len(runs["platform"]),
+                "raw_rows": raw_rows,
+                "seconds": self.seconds["platform"],
+            },
+            {
+                "label": "one run per partition (warm)",
+                "partitions": self.args.sample,
+                "orders_per_day": self.args.orders_per_day,
+                "runs": len(runs["per_partition"]),
+                "raw_rows": round(raw_rows / n * self.args.sample),
+                "seconds": self.seconds["per_partition_sample_warm"],
+            },
+        ]
+        ok = True
+        for i, spec in enumerate(s for s in self.args.scaling.split(",") if s.strip()):
+            day_factor, order_factor = (float(x) for x in spec.lower().split("x"))
+            days = max(2, round(n * day_factor))
+            orders = max(1, round(self.args.orders_per_day * order_factor))
+            name = f"scale{i}"
+            landing = self.landing
+            if orders != self.args.orders_per_day:
+                landing = self.work / name / "landing"
+                self._generate(landing, days, orders)
+            resources, instance, _, _ = self._platform(name)
+            resources = _with_landing(resources, landing)
+            last = (self.args.start + timedelta(days=days - 1)).isoformat()
+            with self._phase(name):
+                done = backfill(
+                    all_assets,
+                    self.args.start.isoformat(),
+                    last,
+                    resources,
+                    instance,
+                    per_run=self.per_run,
+                )
+            ok &= all(r.success for r in done)
+            points.append(
+                {
+                    "label": f"{days} days x {orders}/day",
+                    "partitions": days,
+                    "orders_per_day": orders,
+                    "runs": len(done),
+                    "raw_rows": table_counts(resources["lakehouse"])["raw/orders"],
+                    "seconds": self.seconds[name],
+                }
+            )
+        return {"points": points, "fit": linear_fit(points), "ok": ok}
+
+
+def _with_landing(resources: dict, landing: Path) -> dict:
+    from backfill_platform.resources import LandingZoneResource
+
+    return {**resources, "landing": LandingZoneResource(landing_dir=str(landing))}
+
+
+def linear_fit(points: list[dict]) -> dict[str, float] | None:
+    """Least squares: seconds = a*runs + b*partitions + c*(raw rows / 1e6)."""
+    import numpy as np
+
+    if len(points) < 3:
+        return None
+    x = np.array([[p["runs"], p["partitions"], p["raw_rows"] / 1e6] for p in points], float)
+    y = np.array([p["seconds"] for p in points], float)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    predicted = x @ coef
+    total = ((y - y.mean()) ** 2).sum()
+    return {
+        "seconds_per_run": round(float(coef[0]), 3),
+        "seconds_per_partition": round(float(coef[1]), 3),
+        "seconds_per_million_rows": round(float(coef[2]), 2),
+        "r2": round(float(1 - ((y - predicted) ** 2).sum() / total), 3) if total else None,
+    }
+
+
+def step_breakdown(instance, runs, spark_log: SparkLog) -> dict[str, dict[str, float]]:
+    """Per Dagster step over the platform backfill: wall seconds and Spark's share of them."""
+    steps: dict[str, dict[str, float]] = {}
+    run_wall = 0.0
+    for run in runs:
+        record = instance.get_run_record_by_id(run.run_id)
+        if record and record.start_time and record.end_time:
+            run_wall += record.end_time - record.start_time
+        for stat in instance.get_run_step_stats(run.run_id):
+            if not (stat.start_time and stat.end_time):
+                continue
+            row = steps.setdefault(stat.step_key, {"seconds": 0.0, "spark_busy_s": 0.0, "jobs": 0})
+            row["seconds"] += stat.end_time - stat.start_time
+            inside = spark_log.between(stat.start_time, stat.end_time).summary()
+            row["spark_busy_s"] += inside["busy_s"]
+            row["jobs"] += inside["jobs"]
+    in_steps = sum(s["seconds"] for s in steps.values())
+    result = {k: {m: round(v, 2) for m, v in row.items()} for k, row in sorted(steps.items())}
+    result["(run overhead outside steps)"] = {
+        "seconds": round(run_wall - in_steps, 2),
+        "spark_busy_s": 0.0,
+        "jobs": 0,
+    }
+    return result
+
+
+def files_per_partition(lake) -> dict[str, dict[str, float]]:
+    """Live data files per date partition (Delta snapshot) and Parquet files on disk."""
+    from backfill_platform.reconcile import TABLES
+
+    result = {}
+    for name in TABLES:
+        if not lake.exists(name):
+            continue
+        active: dict[str, int] = {}
+        for uri in lake.read(name).inputFiles():
+            folder = uri.rsplit("/", 2)[-2]
+            active[folder] = active.get(folder, 0) + 1
+        on_disk = [
+            sum(1 for f in d.iterdir() if f.suffix == ".parquet")
+            for d in Path(lake.table_path(name)).iterdir()
+            if d.is_dir() and "=" in d.name
+        ]
+        result[name] = {
+            "partitions": len(active),
+            "active_max": max(active.values(), default=0),
+            "active_mean": round(sum(active.values()) / max(1, len(active)), 2),
+            "on_disk_max": max(on_disk, default=0),
+        }
+    return result
+
+
+def _meets(value: float, op: str, bound: float) -> bool:
+    return {"<=": value <= bound, ">=": value >= bound, "<": value < bound}[op]
+
+
+def _say(text: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {text}", flush=True)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """Route fd 2 (Dagster's console logs, the JVM's warnings) to a file; stdout stays clean."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as target:
+        os.dup2(target.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    code = main()
+    print(f"benchmark wall time {time.monotonic() - started:.0f} s")
+    sys.exit(code)

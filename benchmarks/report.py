@@ -1,0 +1,182 @@
+"""The benchmark's result as a markdown table and a PNG chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s, sec, mem, spark = r["scale"], r["seconds"], r["memory_peak_mb"], r["spark_phases"]
+    rows_s = r["rows_per_second"]
+    detail = sec["detail"]
+
+    def mem_of(phase: str) -> str:
+        m = mem.get(phase, {})
+        return f"{m.get('jvm', 0):,.0f} / {m.get('python', 0):,.0f}" if m else ""
+
+    def jobs(phase: str) -> str:
+        return str(spark.get(phase, {}).get("jobs", ""))
+
+    n = s["partitions"]
+    lines = [
+        f"Scale: {s['start']}..{s['end']} ({n} daily partitions), {s['orders_per_day']} "
+        f"orders/day, {s['raw_rows']:,} landing lines; {s['partitions_per_run']} partitions "
+        f"per run ({s['platform_runs']} runs). Load average at start "
+        f"{r['load_average']['start']}, at end {r['load_average']['end']} "
+        f"on {r['machine']['cpus']} CPUs.",
+        "",
+        "| measurement | seconds | rows/s | peak MB (JVM / Python) | Spark jobs |",
+        "|---|---:|---:|---:|---:|",
+        f"| floor: one bare Spark job, landing -> marts as Parquet (best of 2) | "
+        f"{sec['floor']:.1f} | {rows_s['floor']:,} | {mem_of('floor_1')} | {jobs('floor_1')} |",
+        f"| platform: full backfill through Dagster, empty lakehouse | {sec['platform']:.1f} | "
+        f"{rows_s['platform']:,} | {mem_of('platform')} | {jobs('platform')} |",
+        f"| re-run: the same backfill again (no row changed: "
+        f"{_yes(r['checks']['rerun_rows_unchanged'])}) | {sec['rerun']:.1f} | "
+        f"{rows_s['rerun']:,} | {mem_of('rerun')} | {jobs('rerun')} |",
+    ]
+    if s["new_process_per_run_measured"]:
+        lines.append(
+            f"| one run per partition, new process per run "
+            f"({detail['per_partition_sample_cold']:.1f} s for "
+            f"{_days(s['per_partition_cold_sample'])} days, x{n}) | "
+            f"{sec['per_partition_extrapolated']:.0f} | | {mem_of('per_partition_sample_cold')} | |"
+        )
+    lines += [
+        f"| one run per partition, warm shared session "
+        f"({detail['per_partition_sample_warm']:.1f} s for "
+        f"{_days(s['per_partition_sample'])} days, x{n}) | "
+        f"{sec['per_partition_extrapolated_warm_session']:.0f} | | "
+        f"{mem_of('per_partition_sample_warm')} | {jobs('per_partition_sample_warm')} |",
+    ]
+    if s["new_process_per_run_measured"]:
+        lines.append(
+            f"| rolling-window cycle: 1 new day + last {s['window_days']} days, new process "
+            f"per run | {sec['rolling_window']:.1f} | | {mem_of('rolling_window')} | |"
+        )
+    lines += [
+        f"| rolling-window cycle, warm shared session (mean) | "
+        f"{sec['rolling_window_warm_session'] or 0:.1f} | | {mem_of('rolling_window_warm_1')} | |",
+        "",
+        "| target | goal | measured | met |",
+        "|---|---|---:|---|",
+    ]
+    for name, t in r["targets"].items():
+        lines.append(f"| {name} | {t['target']} | {t['measured']} | {_yes(t['met'])} |")
+    lines += [
+        f"| floor and platform marts identical | yes | "
+        f"{_yes(r['checks']['floor_equals_platform'])} | |",
+        "",
+        "Where the platform's time goes (full backfill, per Dagster step):",
+        "",
+        "| step | seconds | Spark busy s | Spark jobs |",
+        "|---|---:|---:|---:|",
+    ]
+    for step, row in r["platform_steps"].items():
+        lines.append(f"| {step} | {row['seconds']} | {row['spark_busy_s']} | {row['jobs']} |")
+    lines += ["", "Spark stages by call site, platform full backfill (top):", ""]
+    lines += ["| stage | count | seconds | input MB |", "|---|---:|---:|---:|"]
+    for st in spark.get("platform", {}).get("top_stages", []):
+        lines.append(
+            f"| `{st['stage'][:70]}` | {st['count']} | {st['seconds']} | {st['input_mb']} |"
+        )
+    lines += [
+        "",
+        "Files per Delta partition after all re-runs (active in the snapshot / on disk "
+        "before VACUUM):",
+        "",
+        "| table | partitions | active max | active mean | on disk max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for table, f in r["files_per_partition"].items():
+        lines.append(
+            f"| {table} | {f['partitions']} | {f['active_max']} | {f['active_mean']} | "
+            f"{f['on_disk_max']} |"
+        )
+    fit = r["scaling"]["fit"]
+    lines += ["", "Scaling (full backfills; cost model fitted over these points):", ""]
+    lines += [
+        "| point | partitions | runs | landing lines | seconds |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for p in r["scaling"]["points"]:
+        lines.append(
+            f"| {p['label']} | {p['partitions']} | {p['runs']} | {p['raw_rows']:,} | "
+            f"{p['seconds']} |"
+        )
+    if fit:
+        lines += [
+            "",
+            f"seconds = {fit['seconds_per_run']} x runs + {fit['seconds_per_partition']} x "
+            f"partitions + {fit['seconds_per_million_rows']} x million rows (R^2 {fit['r2']})",
+        ]
+    return "\n".join(lines)
+
+
+def chart(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sec = r["seconds"]
+    bars = [
+        ("floor (bare Spark)", sec["floor"]),
+        ("platform backfill", sec["platform"]),
+        ("re-run", sec["rerun"]),
+        ("run per partition\n(warm session)", sec["per_partition_extrapolated_warm_session"]),
+        ("run per partition\n(process per run)", sec["per_partition_extrapolated"]),
+        ("rolling window\n(process per run)", sec["rolling_window"]),
+    ]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    labels, values = zip(*bars, strict=True)
+    colors = ["#888888", "#1f77b4", "#6baed6", "#fd8d3c", "#d94801", "#31a354"]
+    left.barh(labels, values, color=colors)
+    left.set_xscale("log")
+    left.invert_yaxis()
+    left.set_xlabel("seconds (log scale)")
+    s = r["scale"]
+    left.set_title(
+        f"{s['partitions']} days, {s['raw_rows']:,} landing lines "
+        f"(load avg {r['load_average']['start'][0]})"
+    )
+    for i, v in enumerate(values):
+        left.text(v, i, f" {v:,.0f} s", va="center")
+
+    points = r["scaling"]["points"]
+    for p in points:
+        right.scatter(p["raw_rows"] / 1e6, p["seconds"], s=40)
+        right.annotate(
+            f"{p['label']}\n{p['runs']} runs",
+            (p["raw_rows"] / 1e6, p["seconds"]),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    right.set_xlabel("million landing lines")
+    right.set_ylabel("seconds")
+    fit = r["scaling"]["fit"]
+    right.set_title(
+        "full backfills"
+        + (
+            f": {fit['seconds_per_run']} s/run, {fit['seconds_per_partition']} s/partition, "
+            f"{fit['seconds_per_million_rows']} s/M rows"
+            if fit
+            else ""
+        ),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _days(span: list[str]) -> int:
+    from datetime import date
+
+    return (date.fromisoformat(span[1]) - date.fromisoformat(span[0])).days + 1
