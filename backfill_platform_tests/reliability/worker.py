@@ -158,6 +158,16 @@ def write_ranges(args: dict[str, Any]) -> None:
         events.emit("committed", job=n, tag=job["tag"], version=commit.version)
 
 
+class _Stopped(Exception):
+    """The test asked the backfill to stop; it does so between two complete runs."""
+
+
+def _stop_if(path: str, events: Events) -> None:
+    events.emit("run")
+    if os.path.exists(path):
+        raise _Stopped
+
+
 def run_loop(args: dict[str, Any]) -> None:
     """The live writer (recent window, again and again) or the backfill (history, chunked)."""
     spark, events = boot(args)
@@ -170,14 +180,18 @@ def run_loop(args: dict[str, Any]) -> None:
             if os.path.exists(args["stop"]):
                 return
             started = time.time()
-            runs = backfill(
-                all_assets,
-                args["first"],
-                args["last"],
-                resources,
-                instance,
-                per_run=args["per_run"],
-            )
+            try:
+                runs = backfill(
+                    all_assets,
+                    args["first"],
+                    args["last"],
+                    resources,
+                    instance,
+                    per_run=args["per_run"],
+                    on_run=lambda run: _stop_if(args["stop"], events),
+                )
+            except _Stopped:
+                return
             passes += 1
             events.emit("pass", passes=passes, runs=len(runs), seconds=time.time() - started)
         else:
