@@ -14,7 +14,10 @@ DEMO_END ?= 2025-12-31
 ORDERS_PER_DAY ?= 100
 SEED ?= 7
 
-.PHONY: install jars dagster-home demo test test-fast ui lint format clean-data bench bench-skew
+# Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
+RELIABILITY_SIZE ?= full
+
+.PHONY: install jars dagster-home demo test test-fast reliability ui lint format clean-data bench bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -43,7 +46,14 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 backfill_platform_tests
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" backfill_platform_tests
+	$(PY) -m pytest -q -m "not slow and not reliability" backfill_platform_tests
+
+# Killed runs, concurrent writers, live + backfill, hostile input, properties; prints the
+# figures and writes them to test-artifacts/reliability/ (see docs/reliability.md).
+reliability: install
+	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \
+		-m reliability backfill_platform_tests/reliability
+	$(PY) -m backfill_platform_tests.reliability.report
 
 # customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).
 bench-skew: install

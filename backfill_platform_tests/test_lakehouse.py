@@ -68,6 +68,17 @@ def test_rows_outside_the_range_are_refused_and_the_table_is_unchanged(lake, spa
     assert _table(lake) == [("2024-01-01", 1)]
 
 
+def test_the_write_that_creates_a_table_refuses_rows_outside_its_range_too(lake, spark):
+    """Delta enforces replaceWhere only on an existing table (found by the reliability
+    properties): the first write must not scatter stray rows into other partitions."""
+    for bad in ([("2024-01-01", 1), ("2024-01-09", 9)], [(None, 7)]):
+        with pytest.raises(TableWriteError, match=r"outside the run's partition range"):
+            lake.replace_range(
+                TABLE, _days(spark, bad), "d", date(2024, 1, 1), date(2024, 1, 2), {}
+            )
+        assert not lake.exists(TABLE)
+
+
 def test_new_columns_are_added_dropped_or_retyped_columns_refused(lake, spark):
     day = (date(2024, 1, 1), date(2024, 1, 2))
     lake.replace_range(TABLE, _days(spark, [("2024-01-01", 1)]), "d", *day, {})

@@ -146,8 +146,17 @@ class LakehouseResource(ConfigurableResource):
         if self.storage_name(key) != name:
             metadata["shadow_table"] = self.storage_name(key)
         predicate = _range_predicate(column=partition_column, start=start, end=end)
+        refused = TableWriteError(
+            f"{name}: refused rows outside the run's partition range [{start}, {end}) on "
+            f"column {partition_column} (or with a NULL {partition_column}); the table is "
+            "unchanged."
+        )
         with self.table_lock(key):
             exists = self.exists(key)
+            # Delta checks rows against replaceWhere only when the table exists; the write
+            # that creates it would place stray rows in other partitions, so check here.
+            if not exists and not df.where(~F.coalesce(F.expr(predicate), F.lit(False))).isEmpty():
+                raise refused
             adds_columns = exists and self._check_schema(name, df)
             # One file per date partition per write keeps the file count bounded over re-runs.
             writer = (
@@ -165,12 +174,7 @@ class LakehouseResource(ConfigurableResource):
                 writer.save(path)
             except AnalysisException as error:
                 if error.getCondition() == "DELTA_REPLACE_WHERE_MISMATCH":
-                    raise TableWriteError(
-                        f"{name}: refused rows outside the run's partition range "
-                        f"[{start}, {end}) on column {partition_column} (or with a NULL "
-                        f"{partition_column}); the table is unchanged. Delta said: "
-                        f"{str(error).splitlines()[0]}"
-                    ) from error
+                    raise refused from error
                 raise
             return self._find_commit(key, token)
 

@@ -1,0 +1,35 @@
+"""The figures of the last reliability run as a Markdown table (for docs/reliability.md).
+
+python -m backfill_platform_tests.reliability.report
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from backfill_platform_tests.reliability.conftest import ARTIFACTS
+
+COLUMNS = {
+    "suite": lambda f: f["suite"],
+    "size": lambda f: f["size"],
+    "trials": lambda f: f.get("trials", f.get("spark_examples", f.get("live_passes", "-"))),
+    "faults injected": lambda f: f.get("faults_injected", "-"),
+    "input kinds": lambda f: f.get("input_kinds", "-"),
+    "rows checked": lambda f: f.get("rows_checked", "-"),
+    "rows lost": lambda f: f.get("rows_lost", "-"),
+    "torn partitions": lambda f: f.get("torn_partitions", "-"),
+    "failed tests": lambda f: f.get("failed_tests", "-"),
+    "seconds": lambda f: f.get("seconds", "-"),
+}
+
+
+def table() -> str:
+    rows = [json.loads(p.read_text()) for p in sorted(ARTIFACTS.glob("*.json"))]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(get(r)) for get in COLUMNS.values()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table() + "\n")
