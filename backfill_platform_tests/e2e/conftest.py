@@ -19,9 +19,13 @@ from backfill_platform.reconcile import TABLES
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform_tests.e2e.services import (
     DagsterServices,
+    PostgresServer,
+    SparkCluster,
     dagster_env,
     free_port,
     make_dagster_home,
+    make_postgres_dir,
+    postgres_bin,
 )
 
 # Tiny on purpose: three days, a few orders a day (`make e2e` must stay under 12 minutes).
@@ -107,3 +111,46 @@ def first_backfill(deployment, spark) -> FirstBackfill:
     return FirstBackfill(
         backfill_id, status, fingerprints(lakehouse_for(deployment.lakehouse, spark))
     )
+
+
+@dataclass
+class ScaledOut:
+    """One deployment the way a team outgrowing one machine runs it: Dagster's storage in
+    PostgreSQL (deploy/dagster-postgres.yaml) and Spark on a standalone cluster."""
+
+    deployment: Deployment
+    postgres: PostgresServer
+    cluster: SparkCluster
+    backfill_id: str
+    status: dict
+
+
+@pytest.fixture(scope="session")
+def scaled_out(e2e_root) -> Iterator[ScaledOut]:
+    root = e2e_root / "scaled_out"
+    root.mkdir()
+    data_dir, run_as = make_postgres_dir()
+    postgres = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
+    cluster = SparkCluster(root / "spark")
+    cluster.root.mkdir()
+    deployment = None
+    try:
+        postgres.start()
+        cluster.start(workers=2)
+        extra = {
+            **postgres.env(),
+            "SPARK_MASTER": cluster.master_url,
+            "SPARK_CONF_DIR": str(cluster.spark_conf_dir()),
+        }
+        deployment = start_deployment(root, "dagster-postgres.yaml", extra)
+        backfill_id = deployment.dagster.launch_backfill(
+            ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
+        )
+        status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
+        yield ScaledOut(deployment, postgres, cluster, backfill_id, status)
+    finally:
+        if deployment is not None:
+            deployment.dagster.stop()
+        cluster.stop()
+        postgres.stop()
+        shutil.rmtree(data_dir.parent, ignore_errors=True)

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,16 +503,16 @@ class PostgresServer:
             timeout=timeout + 10,
         )
         wait_for("postgres to accept connections", self._accepts, timeout, interval=1)
-        with self.connect(database="postgres") as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(f"CREATE DATABASE {self.database}")
+        with closing(self.connect(database="postgres")) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
 
     def _accepts(self) -> bool:
-        with self.connect(database="postgres"):
+        with closing(self.connect(database="postgres")):
             return True
 
     def connect(self, database: str | None = None):
+        """An autocommit connection; close it with contextlib.closing (psycopg2's own
+        context manager only ends a transaction)."""
         import psycopg2
 
         conn = psycopg2.connect(

@@ -19,8 +19,13 @@ def page_text(driver) -> str:
     return driver.find_element("tag name", "body").text
 
 
+# Shown while the page is not settled yet: the first-visit dialog, statuses still loading.
+NOT_SETTLED = ("Join the Dagster community", "fetching statuses", "Refreshing data")
+
+
 def open_page(driver, url: str, must_show: list[str]) -> str:
-    """Load `url`, dismiss the first-visit community dialog, wait for every text in must_show."""
+    """Load `url`, dismiss the first-visit community dialog, wait for every text in must_show
+    and for the page to settle."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
@@ -29,7 +34,7 @@ def open_page(driver, url: str, must_show: list[str]) -> str:
         for button in d.find_elements("xpath", "//button[normalize-space()='Skip']"):
             button.click()
         text = page_text(d)
-        return all(s in text for s in must_show)
+        return all(s in text for s in must_show) and not any(s in text for s in NOT_SETTLED)
 
     try:
         WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=1).until(ready)
@@ -47,9 +52,11 @@ def test_lineage_and_backfill_pages_render(deployment, first_backfill):
     asset_names = [t.split("/")[1] for t in TABLES]
 
     with chromium() as driver:
-        # Global lineage: the three groups.
-        open_page(driver, f"{dagster.url}/asset-groups", ["Global asset lineage", *GROUPS])
+        # Global lineage: the three groups, in the sidebar tree and as graph nodes (with
+        # their assets' statuses once "fetching statuses" is gone).
+        text = open_page(driver, f"{dagster.url}/asset-groups", ["Global asset lineage", *GROUPS])
         driver.save_screenshot(str(ARTIFACTS / "lineage-global.png"))
+        assert all(text.count(group) >= 2 for group in GROUPS), text
 
         # The staging group's lineage shows its assets with their neighbours upstream (raw)
         # and downstream (marts), each partitioned node with its partition summary.
