@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .spark-jars/.fetched
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
-DAGSTER_YAML ?= deploy/dagster.yaml
+# DAGSTER_STORAGE=postgres installs deploy/dagster-postgres.yaml (connection from DAGSTER_PG_*).
+DAGSTER_STORAGE ?= sqlite
+DAGSTER_YAML ?= deploy/$(if $(filter postgres,$(DAGSTER_STORAGE)),dagster-postgres,dagster).yaml
 
 # Demo scale: three years at a modest size (override: make demo ORDERS_PER_DAY=300).
 DEMO_START ?= 2023-01-01
@@ -17,7 +19,7 @@ SEED ?= 7
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars dagster-home demo test test-fast reliability ui lint format clean-data bench bench-skew
+.PHONY: install jars dagster-home demo test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -45,8 +47,22 @@ demo: install dagster-home
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 backfill_platform_tests
 
+# Real services end to end (README "Deploying"): webserver + daemon, Chromium, PostgreSQL,
+# a Spark standalone cluster. Installs Debian's chromium and postgresql when missing.
+E2E_DEBS := chromium chromium-driver postgresql
+e2e-deps:
+	@missing=""; for p in $(E2E_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+e2e: install e2e-deps
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 -m e2e backfill_platform_tests/e2e
+
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not reliability" backfill_platform_tests
+	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
 
 # Killed runs, concurrent writers, live + backfill, hostile input, properties; prints the
 # figures and writes them to test-artifacts/reliability/ (see docs/reliability.md).

@@ -1,0 +1,53 @@
+"""Headless Chromium (Debian's package) driven through chromedriver by Selenium.
+
+No browser is downloaded: the binary and driver are Debian's `chromium` and
+`chromium-driver`, which `make e2e` installs. The flags keep Chromium off the network
+(the machine has loopback only) and away from any profile but a fresh temporary one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1600,1000",
+)
+
+
+@contextmanager
+def chromium() -> Iterator:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not binary.exists():
+            raise FileNotFoundError(
+                f"{binary} not found; `make e2e` installs Debian's chromium and chromium-driver"
+            )
+    profile = tempfile.mkdtemp(prefix="e2e-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(120)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -1,0 +1,156 @@
+"""Fixtures for the end-to-end tests: a small generated landing zone and the real services.
+
+Run with `make e2e` (it installs Chromium and PostgreSQL first). Every service binds to
+127.0.0.1 on a free port and is killed with its process group on teardown, pass or fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from backfill_platform.reconcile import TABLES
+from backfill_platform.sources.generate import generate_landing
+from backfill_platform_tests.e2e.services import (
+    DagsterServices,
+    PostgresServer,
+    SparkCluster,
+    dagster_env,
+    free_port,
+    make_dagster_home,
+    make_postgres_dir,
+    postgres_bin,
+)
+
+# Tiny on purpose: three days, a few orders a day (`make e2e` must stay under 12 minutes).
+# The first day is also BACKFILL_START_DATE (tests' default), so customer_ltv starts at zero.
+FIRST_DAY = date(2024, 1, 1)
+LAST_DAY = date(2024, 1, 3)
+ORDERS_PER_DAY = 12
+SEED = 11
+ALL_ASSETS = [name.split("/") for name in TABLES]
+# Generous: the machine is shared, each run starts a JVM, the backfill daemon ticks every 30 s.
+BACKFILL_TIMEOUT = 600
+
+
+def generated_landing(root: Path) -> Path:
+    landing = root / "landing"
+    generate_landing(landing, FIRST_DAY, LAST_DAY, ORDERS_PER_DAY, SEED, progress=False)
+    return landing
+
+
+@dataclass
+class Deployment:
+    """A running webserver + daemon over their own landing zone, lakehouse and DAGSTER_HOME."""
+
+    root: Path
+    landing: Path
+    lakehouse: Path
+    dagster: DagsterServices
+
+
+def start_deployment(
+    root: Path, yaml_name: str = "dagster.yaml", extra_env: dict[str, str] | None = None
+) -> Deployment:
+    landing, lakehouse = generated_landing(root), root / "lakehouse"
+    home = make_dagster_home(root, yaml_name)
+    env = dagster_env(home, landing, lakehouse, FIRST_DAY.isoformat(), extra_env or {})
+    logs = root / "logs"
+    logs.mkdir()
+    services = DagsterServices(home=home, port=free_port(), env=env, log_dir=logs)
+    try:
+        services.start_webserver()
+        # Sensors are on by default; switch them off (as the UI's toggle does) before the
+        # daemon starts, so every write in these tests comes from the backfills under test.
+        services.stop_all_sensors()
+        services.start_daemon()
+    except BaseException:
+        services.stop()
+        raise
+    return Deployment(root, landing, lakehouse, services)
+
+
+@pytest.fixture(scope="session")
+def e2e_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="e2e-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def deployment(e2e_root) -> Iterator[Deployment]:
+    """SQLite storage in DAGSTER_HOME (the default deploy/dagster.yaml), local Spark."""
+    deployment = start_deployment(e2e_root / "sqlite")
+    yield deployment
+    deployment.dagster.stop()
+
+
+@dataclass
+class FirstBackfill:
+    backfill_id: str
+    status: dict
+    fingerprints: dict
+
+
+@pytest.fixture(scope="session")
+def first_backfill(deployment, spark) -> FirstBackfill:
+    """Every layer over the three days, launched through the webserver, run by the daemon."""
+    from backfill_platform.reconcile import fingerprints
+    from backfill_platform_tests.e2e.tables import lakehouse_for
+
+    backfill_id = deployment.dagster.launch_backfill(
+        ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
+    )
+    status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
+    return FirstBackfill(
+        backfill_id, status, fingerprints(lakehouse_for(deployment.lakehouse, spark))
+    )
+
+
+@dataclass
+class ScaledOut:
+    """One deployment the way a team outgrowing one machine runs it: Dagster's storage in
+    PostgreSQL (deploy/dagster-postgres.yaml) and Spark on a standalone cluster."""
+
+    deployment: Deployment
+    postgres: PostgresServer
+    cluster: SparkCluster
+    backfill_id: str
+    status: dict
+
+
+@pytest.fixture(scope="session")
+def scaled_out(e2e_root) -> Iterator[ScaledOut]:
+    root = e2e_root / "scaled_out"
+    root.mkdir()
+    data_dir, run_as = make_postgres_dir()
+    postgres = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
+    cluster = SparkCluster(root / "spark")
+    cluster.root.mkdir()
+    deployment = None
+    try:
+        postgres.start()
+        cluster.start(workers=2)
+        extra = {
+            **postgres.env(),
+            "SPARK_MASTER": cluster.master_url,
+            "SPARK_CONF_DIR": str(cluster.spark_conf_dir()),
+        }
+        deployment = start_deployment(root, "dagster-postgres.yaml", extra)
+        backfill_id = deployment.dagster.launch_backfill(
+            ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
+        )
+        status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
+        yield ScaledOut(deployment, postgres, cluster, backfill_id, status)
+    finally:
+        if deployment is not None:
+            deployment.dagster.stop()
+        cluster.stop()
+        postgres.stop()
+        shutil.rmtree(data_dir.parent, ignore_errors=True)

@@ -1,0 +1,665 @@
+"""Real services for the end-to-end tests: dagster-webserver + dagster-daemon, PostgreSQL and
+a Spark standalone cluster, each on 127.0.0.1 on a free port, in its own process group.
+
+Every wait is bounded and fails with the service's log tail; every process group is killed
+(SIGTERM, then SIGKILL) on teardown, together with any descendant that left the group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin: dagster-webserver, dagster-daemon, spark-class
+
+
+class ServiceTimeout(AssertionError):
+    """A bounded wait ran out; the message says what was awaited and shows the log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0, logs=()
+) -> Any:
+    """Poll `check` until it returns something truthy; raise ServiceTimeout naming `what`."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as error:
+            last_error = error
+        time.sleep(interval)
+    tails = "\n".join(f"--- {p} ---\n{log_tail(p)}" for p in logs)
+    raise ServiceTimeout(
+        f"timed out after {timeout:.0f}s waiting for {what} ({last_error})\n{tails}"
+    )
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Service:
+    """One started command in its own session (process group), logging to a file."""
+
+    name: str
+    process: subprocess.Popen
+    log: Path
+    descendants: set[int] = field(default_factory=set)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def remember_descendants(self) -> None:
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        self.descendants |= {c.pid for c in children}
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the process group, wait, SIGKILL it and any descendant that escaped it."""
+        self.remember_descendants()
+        _signal_group(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace)
+        _signal_group(self.process.pid, signal.SIGKILL)
+        for pid in self.descendants:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+_STARTED: list[Service] = []
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Last line of defence: a fixture teardown that never ran (Ctrl-C) still ends them."""
+    for service in reversed(_STARTED):
+        if service.alive():
+            service.stop(grace=5)
+
+
+def start(name: str, args: list[str], log_dir: Path, env: Mapping[str, str], cwd: Path) -> Service:
+    log = Path(log_dir) / f"{name}.log"
+    handle = open(log, "ab")  # noqa: SIM115 - the child owns the descriptor for its lifetime
+    process = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=dict(env),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    handle.close()
+    service = Service(name, process, log)
+    _STARTED.append(service)
+    return service
+
+
+def stop_all(services: Iterable[Service]) -> None:
+    """Stop every service, even if stopping one of them fails."""
+    errors = []
+    for service in reversed(list(services)):
+        try:
+            service.stop()
+        except (OSError, subprocess.SubprocessError, psutil.Error) as error:
+            errors.append(f"{service.name}: {error}")
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+
+# -- Dagster ---------------------------------------------------------------------------------
+LAUNCH_BACKFILL = """
+mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+CANCEL_BACKFILL = """
+mutation CancelBackfill($backfillId: String!) {
+  cancelPartitionBackfill(backfillId: $backfillId) {
+    __typename
+    ... on CancelBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+BACKFILL_STATUS = """
+query BackfillStatus($backfillId: String!) {
+  partitionBackfillOrError(backfillId: $backfillId) {
+    __typename
+    ... on PartitionBackfill {
+      id
+      status
+      numPartitions
+      error { message }
+      runs(limit: 100) { runId status }
+    }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+SENSORS = """
+query Sensors {
+  repositoriesOrError {
+    __typename
+    ... on RepositoryConnection {
+      nodes { name location { name } sensors { name sensorState { id status } } }
+    }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+STOP_SENSOR = """
+mutation StopSensor($id: String!) {
+  stopSensor(id: $id) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+RUN_EVENTS = """
+query RunEvents($runId: ID!) {
+  logsForRun(runId: $runId, limit: 1000) {
+    __typename
+    ... on EventConnection { events { __typename } }
+  }
+}
+"""
+
+FINISHED_BACKFILL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+
+
+class GraphQLError(AssertionError):
+    pass
+
+
+@dataclass
+class DagsterServices:
+    """dagster-webserver and dagster-daemon over one DAGSTER_HOME and one workspace."""
+
+    home: Path
+    port: int
+    env: dict[str, str]
+    log_dir: Path
+    services: list[Service] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def logs(self) -> list[Path]:
+        return [s.log for s in self.services]
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start_webserver(self, timeout: float = 240) -> None:
+        workspace = str(REPO_ROOT / "workspace.yaml")
+        self.services.append(
+            start(
+                "dagster-webserver",
+                [
+                    str(BIN / "dagster-webserver"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-w",
+                    workspace,
+                ],
+                self.log_dir,
+                self.env,
+                REPO_ROOT,
+            )
+        )
+        wait_for(
+            "dagster-webserver to serve the code location",
+            self._location_loaded,
+            timeout,
+            interval=2,
+            logs=self.logs,
+        )
+
+    def _location_loaded(self) -> bool:
+        if not all(s.alive() for s in self.services):
+            raise ServiceTimeout(f"a service exited early:\n{log_tail(self.services[-1].log)}")
+        data = self.graphql(SENSORS)["repositoriesOrError"]
+        return data["__typename"] == "RepositoryConnection" and bool(data["nodes"])
+
+    def start_daemon(self, timeout: float = 240) -> None:
+        workspace = str(REPO_ROOT / "workspace.yaml")
+        self.services.append(
+            start(
+                "dagster-daemon",
+                [str(BIN / "dagster-daemon"), "run", "-w", workspace],
+                self.log_dir,
+                self.env,
+                REPO_ROOT,
+            )
+        )
+        wait_for(
+            "dagster-daemon heartbeats (backfill and run-queue daemons)",
+            self._daemons_healthy,
+            timeout,
+            interval=2,
+            logs=self.logs,
+        )
+
+    def _daemons_healthy(self) -> bool:
+        if not self.services[-1].alive():
+            raise ServiceTimeout(f"dagster-daemon exited:\n{log_tail(self.services[-1].log)}")
+        data = self.graphql(
+            "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
+        )
+        statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
+        wanted = {s["daemonType"]: s["healthy"] for s in statuses}
+        return bool(wanted.get("BACKFILL")) and bool(wanted.get("QUEUED_RUN_COORDINATOR"))
+
+    def stop(self) -> None:
+        for service in self.services:
+            service.remember_descendants()
+        stop_all(self.services)
+
+    # -- GraphQL --------------------------------------------------------------------------
+    def graphql(self, query: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            payload = json.loads(response.read())
+        if payload.get("errors"):
+            raise GraphQLError(f"GraphQL errors: {payload['errors']}")
+        return payload["data"]
+
+    def stop_all_sensors(self) -> list[str]:
+        """Toggle every sensor off, as the UI's switch does, so only our backfills write."""
+        stopped = []
+        data = self.graphql(SENSORS)["repositoriesOrError"]
+        for repo in data["nodes"]:
+            for sensor in repo["sensors"]:
+                result = self.graphql(STOP_SENSOR, {"id": sensor["sensorState"]["id"]})[
+                    "stopSensor"
+                ]
+                if result["__typename"] != "StopSensorMutationResult":
+                    raise GraphQLError(f"stopSensor {sensor['name']}: {result}")
+                assert result["instigationState"]["status"] == "STOPPED", result
+                stopped.append(sensor["name"])
+        return stopped
+
+    def launch_backfill(self, asset_paths: list[list[str]], first: str, last: str) -> str:
+        """Launch an asset backfill of every given asset over the partitions first..last.
+
+        The UI's "Launch backfill" dialog sends `assetSelection` + `partitionNames`, which
+        Dagster applies to the root assets and widens downstream through the partition
+        mappings (staging depends on all of raw/fx_rates, so that would be every later
+        partition); `partitionsByAssets` pins each asset to exactly the range.
+        """
+        params = {
+            "partitionsByAssets": [
+                {"assetKey": {"path": p}, "partitions": {"range": {"start": first, "end": last}}}
+                for p in asset_paths
+            ],
+            "fromFailure": False,
+            "tags": [],
+            "title": "e2e backfill",
+        }
+        result = self.graphql(LAUNCH_BACKFILL, {"backfillParams": params})[
+            "launchPartitionBackfill"
+        ]
+        if result["__typename"] != "LaunchBackfillSuccess":
+            raise GraphQLError(f"launchPartitionBackfill failed: {result}")
+        return result["backfillId"]
+
+    def cancel_backfill(self, backfill_id: str) -> None:
+        result = self.graphql(CANCEL_BACKFILL, {"backfillId": backfill_id})[
+            "cancelPartitionBackfill"
+        ]
+        if result["__typename"] != "CancelBackfillSuccess":
+            raise GraphQLError(f"cancelPartitionBackfill failed: {result}")
+
+    def backfill(self, backfill_id: str) -> dict[str, Any]:
+        result = self.graphql(BACKFILL_STATUS, {"backfillId": backfill_id})[
+            "partitionBackfillOrError"
+        ]
+        if result["__typename"] != "PartitionBackfill":
+            raise GraphQLError(f"partitionBackfillOrError: {result}")
+        return result
+
+    def wait_backfill(self, backfill_id: str, timeout: float) -> dict[str, Any]:
+        def finished():
+            self._check_alive()
+            backfill = self.backfill(backfill_id)
+            return backfill if backfill["status"] in FINISHED_BACKFILL else None
+
+        return wait_for(
+            f"backfill {backfill_id} to finish", finished, timeout, interval=3, logs=self.logs
+        )
+
+    def run_event_types(self, run_id: str) -> list[str]:
+        data = self.graphql(RUN_EVENTS, {"runId": run_id})["logsForRun"]
+        return [e["__typename"] for e in data.get("events", [])]
+
+    def _check_alive(self) -> None:
+        for service in self.services:
+            if not service.alive():
+                raise ServiceTimeout(f"{service.name} exited:\n{log_tail(service.log)}")
+
+
+def dagster_env(
+    home: Path, landing: Path, lakehouse: Path, start_date: str, extra: Mapping[str, str] = ()
+) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "BACKFILL_LANDING_DIR": str(landing),
+        "BACKFILL_LAKEHOUSE_DIR": str(lakehouse),
+        "BACKFILL_START_DATE": start_date,
+        "BACKFILL_SPARK_DRIVER_MEMORY": "1g",
+        "BACKFILL_SPARK_SHUFFLE_PARTITIONS": "2",
+        "SPARK_MASTER": "local[2]",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO_ROOT),
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+        **dict(extra),
+    }
+    return env
+
+
+def make_dagster_home(root: Path, yaml_name: str) -> Path:
+    """A fresh DAGSTER_HOME holding deploy/<yaml_name> as its dagster.yaml."""
+    home = root / "dagster_home"
+    home.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "deploy" / yaml_name, home / "dagster.yaml")
+    return home
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+def postgres_bin() -> Path:
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if not candidates:
+        raise FileNotFoundError(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin; "
+            "`make e2e` installs Debian's postgresql package"
+        )
+    return candidates[-1].parent
+
+
+@dataclass
+class PostgresServer:
+    data_dir: Path
+    port: int
+    bin_dir: Path
+    user: str = "dagster"
+    password: str = "dagster"
+    database: str = "dagster"
+    run_as: str | None = None  # postgres refuses to run as root
+
+    def _cmd(self, args: list[str]) -> list[str]:
+        return ["runuser", "-u", self.run_as, "--", *args] if self.run_as else args
+
+    def start(self, timeout: float = 120) -> None:
+        pwfile = self.data_dir.parent / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        if self.run_as:
+            shutil.chown(pwfile, self.run_as)
+        subprocess.run(
+            self._cmd(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    self.user,
+                    "--pwfile",
+                    str(pwfile),
+                    "-A",
+                    "scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data_dir} -c fsync=off"
+            " -c max_connections=100"
+        )
+        subprocess.run(
+            self._cmd(
+                [
+                    str(self.bin_dir / "pg_ctl"),
+                    "-D",
+                    str(self.data_dir),
+                    "-o",
+                    options,
+                    "-l",
+                    str(self.data_dir.parent / "postgres.log"),
+                    "-w",
+                    "-t",
+                    str(int(timeout)),
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=timeout + 10,
+        )
+        wait_for("postgres to accept connections", self._accepts, timeout, interval=1)
+        with closing(self.connect(database="postgres")) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
+
+    def _accepts(self) -> bool:
+        with closing(self.connect(database="postgres")):
+            return True
+
+    def connect(self, database: str | None = None):
+        """An autocommit connection; close it with contextlib.closing (psycopg2's own
+        context manager only ends a transaction)."""
+        import psycopg2
+
+        conn = psycopg2.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            dbname=database or self.database,
+            connect_timeout=5,
+        )
+        conn.autocommit = True
+        return conn
+
+    def stop(self) -> None:
+        subprocess.run(
+            [
+                *self._cmd(
+                    [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate"]
+                ),
+                "stop",
+            ],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USERNAME": self.user,
+            "DAGSTER_PG_PASSWORD": self.password,
+            "DAGSTER_PG_DB": self.database,
+        }
+
+
+def make_postgres_dir() -> tuple[Path, str | None]:
+    """A data directory postgres may own: as root, a /tmp dir handed to the postgres user."""
+    root = Path(tempfile.mkdtemp(prefix="e2e-pg-"))
+    run_as = None
+    if os.geteuid() == 0:
+        run_as = "postgres"
+        shutil.chown(root, run_as, run_as)
+    data = root / "data"
+    return data, run_as
+
+
+# -- Spark standalone cluster ----------------------------------------------------------------
+@dataclass
+class SparkCluster:
+    """A master and two one-core workers from the installed pyspark, on loopback."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    ui_port: int = field(default_factory=free_port)
+    services: list[Service] = field(default_factory=list)
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.root),
+            "SPARK_WORKER_DIR": str(self.root / "work"),
+            "SPARK_NO_DAEMONIZE": "1",
+            "PYSPARK_PYTHON": sys.executable,
+        }
+
+    def start(self, workers: int = 2, timeout: float = 180) -> None:
+        spark_class = str(BIN / "spark-class")
+        self.services.append(
+            start(
+                "spark-master",
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--webui-port",
+                    str(self.ui_port),
+                ],
+                self.root,
+                self.env(),
+                self.root,
+            )
+        )
+        wait_for("the Spark master", self.status, timeout, interval=2, logs=self.logs)
+        for i in range(workers):
+            self.services.append(
+                start(
+                    f"spark-worker-{i}",
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        "1",
+                        "--memory",
+                        "1g",
+                        "--webui-port",
+                        str(free_port()),
+                        "--work-dir",
+                        str(self.root / "work"),
+                        self.master_url,
+                    ],
+                    self.root,
+                    self.env(),
+                    self.root,
+                )
+            )
+        wait_for(
+            f"{workers} Spark workers to register",
+            lambda: len(self.alive_workers()) >= workers,
+            timeout,
+            interval=2,
+            logs=self.logs,
+        )
+
+    @property
+    def logs(self) -> list[Path]:
+        return [s.log for s in self.services]
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=10) as r:
+            return json.loads(r.read())
+
+    def alive_workers(self) -> list[dict[str, Any]]:
+        return [w for w in self.status().get("workers", []) if w.get("state") == "ALIVE"]
+
+    def spark_conf_dir(self) -> Path:
+        """SPARK_CONF_DIR for the runs: executor size and loopback driver, as for any cluster."""
+        conf = self.root / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "spark-defaults.conf").write_text(
+            "spark.executor.memory 512m\n"
+            "spark.executor.cores 1\n"
+            "spark.cores.max 2\n"
+            "spark.driver.host 127.0.0.1\n"
+            "spark.driver.bindAddress 127.0.0.1\n"
+        )
+        return conf
+
+    def stop(self) -> None:
+        stop_all(self.services)

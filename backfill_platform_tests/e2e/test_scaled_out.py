@@ -1,0 +1,73 @@
+"""The same code location scaled out: Dagster's storage in PostgreSQL, Spark on a cluster.
+
+One deployment serves both tests (a backfill through the daemon costs minutes): the
+instance uses deploy/dagster-postgres.yaml against a real PostgreSQL server, and every run
+connects to a Spark standalone master with two one-core workers, all on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import pytest
+import yaml
+
+from backfill_platform.reconcile import fingerprints, reconcile_marts
+from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY
+from backfill_platform_tests.e2e.services import REPO_ROOT
+from backfill_platform_tests.e2e.tables import lakehouse_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, spark):
+    assert scaled_out.status["status"] == "COMPLETED_SUCCESS", scaled_out.status
+    run_ids = {r["runId"] for r in scaled_out.status["runs"]}
+    with closing(scaled_out.postgres.connect()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_id, status FROM runs")
+        runs = dict(cur.fetchall())
+        cur.execute("SELECT key, status FROM bulk_actions")
+        backfills = dict(cur.fetchall())
+        cur.execute(
+            "SELECT count(*) FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION'"
+        )
+        (materializations,) = cur.fetchone()
+        cur.execute("SELECT count(*) FROM instigators")
+        (instigators,) = cur.fetchone()
+    # Run storage: the backfill and its runs; event storage: one materialization per asset
+    # per run; schedule storage: the sensors the test switched off through the API.
+    assert run_ids and run_ids <= set(runs), (run_ids, runs)
+    assert all(runs[r] == "SUCCESS" for r in run_ids), runs
+    assert scaled_out.backfill_id in backfills, backfills
+    assert materializations >= 6, materializations
+    assert instigators >= 3, instigators
+    # Nothing went to SQLite: DAGSTER_HOME holds no run or event database.
+    home = scaled_out.deployment.dagster.home
+    assert not list(home.rglob("*.db")), list(home.rglob("*.db"))
+
+    lake = lakehouse_for(scaled_out.deployment.lakehouse, spark)
+    result = reconcile_marts(lake, scaled_out.deployment.landing, FIRST_DAY, LAST_DAY)
+    assert result.ok, "\n".join(result.details)
+
+
+def test_postgres_yaml_differs_from_the_default_only_in_storage():
+    default = yaml.safe_load((REPO_ROOT / "deploy" / "dagster.yaml").read_text())
+    postgres = yaml.safe_load((REPO_ROOT / "deploy" / "dagster-postgres.yaml").read_text())
+    assert set(postgres.pop("storage")) == {"postgres"}
+    assert postgres == default
+
+
+def test_cluster_backfill_gives_the_same_tables_as_local_mode(scaled_out, first_backfill, spark):
+    """Same landing zone (same generator seed), same assets: identical tables either way."""
+    status = scaled_out.cluster.status()
+    apps = status["completedapps"] + status["activeapps"]
+    ours = {a["id"] for a in apps if a["name"] == "backfill_platform"}
+    # One Spark application per Dagster run, and its tasks ran in executors on the workers.
+    assert len(ours) >= len(scaled_out.status["runs"]), apps
+    executor_logs = list((scaled_out.cluster.root / "work").glob("app-*/*/stderr"))
+    assert {log.parts[-3] for log in executor_logs} >= ours, executor_logs
+    assert any("Finished task" in log.read_text(errors="replace") for log in executor_logs)
+    assert len(scaled_out.cluster.alive_workers()) == 2
+
+    on_cluster = fingerprints(lakehouse_for(scaled_out.deployment.lakehouse, spark))
+    assert on_cluster == first_backfill.fingerprints
