@@ -6,9 +6,9 @@ import os
 # Partitions are defined at import time from this setting; tests use 2024 dates.
 os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
 
-import pytest  # noqa: E402
+import pytest
 
-from backfill_platform_tests.harness import Platform, spark_resource_for_tests  # noqa: E402
+from backfill_platform_tests.harness import Platform, spark_resource_for_tests
 
 
 @pytest.fixture(scope="session")
