@@ -45,6 +45,7 @@ def materialize_range(
     selection: AssetSelection | Sequence[AssetKey] | None = None,
     raise_on_error: bool = True,
     tags: Mapping[str, str] | None = None,
+    run_config: Mapping[str, object] | None = None,
 ) -> ExecuteInProcessResult:
     """One Dagster run over the partition keys first_key..last_key (both inclusive)."""
     return materialize(
@@ -52,6 +53,7 @@ def materialize_range(
         selection=selection,
         resources=resources,
         instance=instance,
+        run_config=run_config,
         tags={**(tags or {}), RANGE_START_TAG: first_key, RANGE_END_TAG: last_key},
         raise_on_error=raise_on_error,
     )

@@ -118,6 +118,11 @@ def kill_target(args: dict[str, Any]) -> None:
     spark, events = boot(args)
     landings = [build_resources(p, args["lakehouse"], spark=spark) for p in args["landings"]]
     instance = DagsterInstance.ephemeral()
+    # The two landing zones differ, so raw shrinks every other iteration: a deliberate purge
+    # for the raw assets' source-preservation guard (operations/preservation.py).
+    purge = {"config": {"allow_source_purge": True, "purge_reason": "kill trials alternate"}}
+    selected = args.get("selection") or ["raw/orders", "raw/fx_rates"]
+    run_config = {"ops": {n.replace("/", "__"): purge for n in selected if n.startswith("raw/")}}
     iteration = args["start_index"]
     while True:
         variant = iteration % 2
@@ -129,6 +134,7 @@ def kill_target(args: dict[str, Any]) -> None:
             landings[variant],
             instance,
             selection=_selection(args.get("selection")),
+            run_config=run_config,
         )
         events.emit("done", iteration=iteration, variant=variant, success=result.success)
         if args.get("once"):
