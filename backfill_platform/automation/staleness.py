@@ -35,6 +35,7 @@ from backfill_platform.assets.common import (
     STAGING_REJECTS,
 )
 from backfill_platform.assets.staging import known_currencies
+from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.transforms.orders import with_unknown_currency
 
@@ -149,14 +150,8 @@ def last_built(lakehouse: LakehouseResource, key) -> dict[date, datetime]:
     """Event day -> time of the newest Delta commit that wrote its partition."""
     built: dict[date, datetime] = {}
     for commit in lakehouse.history(key):  # newest first
-        meta = commit["metadata"]
-        if not meta.get("partition_start") or not meta.get("partition_end"):
-            continue
-        day = date.fromisoformat(meta["partition_start"])
-        end = date.fromisoformat(meta["partition_end"])
-        while day < end:
-            built.setdefault(day, commit["timestamp"])
-            day += timedelta(days=1)
+        for key in commit_partition_keys(commit["metadata"]):
+            built.setdefault(date.fromisoformat(key), commit["timestamp"])
     return built
 
 

@@ -19,7 +19,7 @@ from dagster import (
     PartitionMapping,
 )
 
-from backfill_platform.partitions import daily_partitions
+from backfill_platform.partitions import commit_partition_keys, daily_partitions
 from backfill_platform.resources.lakehouse import LakehouseResource, table_name
 
 
@@ -172,13 +172,8 @@ def built_partitions(lake: LakehouseResource, key: AssetKey | str) -> dict[str, 
         if commit["operation"] == "RESTORE":
             undone.append((int(commit["parameters"].get("version", version)), version))
         meta = commit["metadata"]
-        if not meta.get("partition_start") or not meta.get("partition_end"):
-            continue
-        day = date.fromisoformat(meta["partition_start"])
-        end = date.fromisoformat(meta["partition_end"])
-        while day < end:
-            written.setdefault(day.isoformat(), {**meta, "version": version})
-            day += timedelta(days=1)
+        for key in commit_partition_keys(meta):
+            written.setdefault(key, {**meta, "version": version})
     return written
 
 
