@@ -20,7 +20,7 @@ from typing import Any
 from dagster import AssetKey, ConfigurableResource
 from delta.tables import DeltaTable
 from pydantic import Field
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, SparkRuntimeException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -153,10 +153,8 @@ class LakehouseResource(ConfigurableResource):
         )
         with self.table_lock(key):
             exists = self.exists(key)
-            # Delta checks rows against replaceWhere only when the table exists; the write
-            # that creates it would place stray rows in other partitions, so check here.
-            if not exists and not df.where(~F.coalesce(F.expr(predicate), F.lit(False))).isEmpty():
-                raise refused
+            if not exists:
+                df = _refuse_rows_outside(df, partition_column, predicate)
             adds_columns = exists and self._check_schema(name, df)
             # One file per date partition per write keeps the file count bounded over re-runs.
             writer = (
@@ -172,8 +170,8 @@ class LakehouseResource(ConfigurableResource):
                 writer = writer.partitionBy(partition_column)
             try:
                 writer.save(path)
-            except AnalysisException as error:
-                if error.getCondition() == "DELTA_REPLACE_WHERE_MISMATCH":
+            except (AnalysisException, SparkRuntimeException) as error:
+                if error.getCondition() in ("DELTA_REPLACE_WHERE_MISMATCH", _OUT_OF_RANGE):
                     raise refused from error
                 raise
             return self._find_commit(key, token)
@@ -201,19 +199,25 @@ class LakehouseResource(ConfigurableResource):
         return bool(set(incoming) - set(current))
 
     def _find_commit(self, key: AssetKey | str, token: str) -> CommitInfo:
-        """Our commit is the one carrying our token (another writer may have committed since)."""
-        for row in self.delta_table(key).history(50).collect():
-            meta = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
-            if meta.get("commit_token") == token:
-                metrics = row["operationMetrics"] or {}
-                return CommitInfo(
-                    version=row["version"],
-                    rows_written=int(metrics.get("numOutputRows", 0)),
-                    files_written=int(metrics.get("numFiles", 0)),
-                    files_removed=int(metrics.get("numRemovedFiles", 0)),
-                    rows_removed=int(metrics.get("numDeletedRows", 0)),
-                    user_metadata=meta,
-                )
+        """Our commit is the one carrying our token.
+
+        Called under the table lock, so it is the newest commit unless a writer ignored the
+        lock; reading one commit instead of fifty saves a log scan on every write.
+        """
+        table = self.delta_table(key)
+        for limit in (1, 50):
+            for row in table.history(limit).collect():
+                meta = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
+                if meta.get("commit_token") == token:
+                    metrics = row["operationMetrics"] or {}
+                    return CommitInfo(
+                        version=row["version"],
+                        rows_written=int(metrics.get("numOutputRows", 0)),
+                        files_written=int(metrics.get("numFiles", 0)),
+                        files_removed=int(metrics.get("numRemovedFiles", 0)),
+                        rows_removed=int(metrics.get("numDeletedRows", 0)),
+                        user_metadata=meta,
+                    )
         raise RuntimeError(f"{table_name(key)}: commit {token} not found in the Delta history")
 
     def covers(self, key: AssetKey | str, day: date) -> bool:
@@ -246,6 +250,26 @@ class LakehouseResource(ConfigurableResource):
             }
             for r in rows
         ]
+
+
+_OUT_OF_RANGE = "USER_RAISED_EXCEPTION"
+
+
+def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFrame:
+    """Fail the write itself on a row outside the range (or with a NULL date).
+
+    Delta checks rows against replaceWhere only when the table exists, so the write that
+    creates it would scatter stray rows into other partitions. Checking inside the same
+    Spark job, rather than with a separate scan first, keeps a first write to one pass over
+    its input; a failed job commits nothing.
+    """
+    inside = F.coalesce(F.expr(predicate), F.lit(False))
+    return df.withColumn(
+        column,
+        F.when(inside, F.col(column)).otherwise(
+            F.raise_error(F.lit(f"row outside the partition range: {predicate}"))
+        ),
+    )
 
 
 def shadow_name(name: str, suffix: str) -> str:
