@@ -10,6 +10,7 @@ from backfill_platform.assets.common import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
+from backfill_platform.automation.maintenance import lakehouse_vacuum_job
 from backfill_platform.automation.staleness import detect
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
@@ -87,4 +88,5 @@ all_jobs = [
     repair_staging_job,
     repair_ltv_job,
     staleness_audit_job,
+    lakehouse_vacuum_job,
 ]

@@ -1,8 +1,9 @@
-"""The daily schedule: yesterday's landing through every layer, at 02:00 UTC."""
+"""Schedules: yesterday's landing through every layer at 02:00 UTC; VACUUM weekly."""
 
 from dagster import DefaultScheduleStatus, build_schedule_from_partitioned_job
 
 from backfill_platform.automation.jobs import TRIGGER_TAG, live_day_job
+from backfill_platform.automation.maintenance import weekly_vacuum_schedule
 
 # 02:00 UTC gives late-evening deliveries of the previous UTC day two hours to land. The
 # partitions are UTC days, so the schedule fills the partition that ended at 00:00 UTC.
@@ -18,4 +19,4 @@ daily_live_schedule = build_schedule_from_partitioned_job(
     tags={TRIGGER_TAG: "daily-schedule"},
 )
 
-all_schedules = [daily_live_schedule]
+all_schedules = [daily_live_schedule, weekly_vacuum_schedule]
