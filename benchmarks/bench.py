@@ -37,7 +37,9 @@ LTV_COLUMNS = [
 TARGETS = {
     "platform_over_floor": ("<=", 1.5),
     "per_partition_over_chunked": (">=", 20.0),
-    "rerun_over_first": ("<=", 1.10),
+    # "Within 10%" both ways: a re-run much faster than the first run would mean the first
+    # paid for something the re-run skipped (JVM warm-up, table creation), not idempotence.
+    "rerun_over_first": ("within", 0.10),
     "rolling_window_seconds": ("<", 60.0),
 }
 
@@ -46,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--start", type=date.fromisoformat, default=date(2024, 1, 1))
     parser.add_argument("--days", type=int, default=184, help="partitions in the range")
-    parser.add_argument("--orders-per-day", type=int, default=150)
+    parser.add_argument("--orders-per-day", type=int, default=6000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--per-run", type=int, default=None, help="default: the setting")
     parser.add_argument("--sample", type=int, default=3, help="one-run-per-partition days")
@@ -57,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window-repeats", type=int, default=2, help="warm window cycles")
     parser.add_argument(
         "--scaling",
-        default="0.5x1,0.5x3",
+        default="0.5x1,1x0.25",
         help="extra full backfills as DAYSxORDERS factors of the main scale; '' for none",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -206,6 +208,22 @@ class Bench:
         first, last = self.days[0].isoformat(), self.days[-1].isoformat()
         n = len(self.days)
 
+        # Both contenders share one JVM: run each once over a few days first, so neither
+        # timed phase pays for class loading and JIT compilation of the code paths (the
+        # first Delta write of a session costs seconds that no later one does).
+        with self._phase("warm_up"):
+            warm_days = self.days[: min(3, n)]
+            run_floor(self.spark, self.landing, warm_days, self.work / "warm_up" / "floor")
+            warm_resources, warm_instance, _, _ = self._platform("warm_up")
+            backfill(
+                all_assets,
+                warm_days[0].isoformat(),
+                warm_days[-1].isoformat(),
+                warm_resources,
+                warm_instance,
+                per_run=self.per_run,
+            )
+
         with self._phase("floor_1"):
             run_floor(self.spark, self.landing, self.days, self.work / "floor")
 
@@ -337,7 +355,7 @@ class Bench:
             "ratios": ratios,
             "targets": {
                 k: {
-                    "target": f"{op} {v}",
+                    "target": f"1 ± {v}" if op == "within" else f"{op} {v}",
                     "measured": measured[k],
                     "met": _meets(measured[k], op, v),
                 }
@@ -555,6 +573,8 @@ def files_per_partition(lake) -> dict[str, dict[str, float]]:
 
 
 def _meets(value: float, op: str, bound: float) -> bool:
+    if op == "within":
+        return abs(value - 1) <= bound
     return {"<=": value <= bound, ">=": value >= bound, "<": value < bound}[op]
 
 
