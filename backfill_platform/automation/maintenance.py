@@ -26,8 +26,6 @@ from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, VACUUM_RETENTION_HOURS, setting
 
-_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
-
 
 class VacuumConfig(Config):
     retention_hours: float | None = Field(
@@ -52,31 +50,22 @@ def vacuum_lakehouse(
             f"VACUUM retention {retention:g} h is shorter than the shadow retention "
             f"({floor:g} h): a cutover inside that window could no longer be rolled back."
         )
-    conf = lakehouse.session.conf
-    previous = conf.get(_RETENTION_CHECK, "true")
-    # Our floor (the shadow retention) replaces Delta's fixed 7-day check.
-    conf.set(_RETENTION_CHECK, "false")
-    try:
-        for name in TABLES:
-            if not lakehouse.exists(name):
-                continue
-            before = _parquet_files(lakehouse, name)
-            # Under the table lock: a short retention must not delete a writer's new files.
-            with lakehouse.table_lock(name):
-                lakehouse.delta_table(name).vacuum(retention)
-            after = _parquet_files(lakehouse, name)
-            context.log_event(
-                AssetObservation(
-                    asset_key=AssetKey(name.split("/")),
-                    metadata={
-                        "vacuum_retention_hours": retention,
-                        "vacuum_files_deleted": before - after,
-                        "files_on_disk": after,
-                    },
-                )
+    for name in TABLES:
+        if not lakehouse.exists(name):
+            continue
+        before = _parquet_files(lakehouse, name)
+        lakehouse.vacuum(name, retention)
+        after = _parquet_files(lakehouse, name)
+        context.log_event(
+            AssetObservation(
+                asset_key=AssetKey(name.split("/")),
+                metadata={
+                    "vacuum_retention_hours": retention,
+                    "vacuum_files_deleted": before - after,
+                    "files_on_disk": after,
+                },
             )
-    finally:
-        conf.set(_RETENTION_CHECK, previous)
+        )
 
 
 def _parquet_files(lakehouse: LakehouseResource, name: str) -> int:

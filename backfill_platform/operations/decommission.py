@@ -8,7 +8,6 @@ VACUUM the pre-cutover version is gone and rollback refuses, saying so.
 from __future__ import annotations
 
 import shutil
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,8 +16,6 @@ from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.lakehouse import shadow_name
-
-_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 class DecommissionRefused(Exception):
@@ -40,18 +37,6 @@ class Decommission:
 def shadow_tables(lake: LakehouseResource, suffix: str) -> list[str]:
     root = Path(lake.root_dir).resolve()
     return [shadow_name(t, suffix) for t in TABLES if (root / shadow_name(t, suffix)).is_dir()]
-
-
-@contextmanager
-def _our_retention_check(lake: LakehouseResource):
-    """Our window (checked against the cutover time) replaces Delta's fixed 7-day check."""
-    conf = lake.session.conf
-    previous = conf.get(_RETENTION_CHECK, "true")
-    conf.set(_RETENTION_CHECK, "false")
-    try:
-        yield
-    finally:
-        conf.set(_RETENTION_CHECK, previous)
 
 
 def decommission(
@@ -85,10 +70,9 @@ def decommission(
         with lake.table_lock(name):
             shutil.rmtree(root / name)
     vacuumed = sorted(cut)
-    with _our_retention_check(lake):
-        for table in vacuumed:
-            with lake.table_lock(table):
-                lake.delta_table(table).vacuum(retention_hours)
+    # Our window (checked against the cutover time above) replaces Delta's 7-day check.
+    for table in vacuumed:
+        lake.vacuum(table, retention_hours)
     return Decommission(
         suffix, shadows, vacuumed, retention_hours, last.isoformat() if last else None
     )

@@ -176,6 +176,21 @@ class LakehouseResource(ConfigurableResource):
                 raise
             return self._find_commit(key, token)
 
+    def vacuum(self, key: AssetKey | str, retention_hours: float) -> None:
+        """VACUUM under the table lock, with the caller's retention window in place of
+        Delta's fixed 7-day check (callers enforce their own floor: the shadow retention).
+
+        The lock matters for a short window: VACUUM must not delete a writer's new files.
+        """
+        conf = self.session.conf
+        previous = conf.get(_RETENTION_CHECK, "true")
+        conf.set(_RETENTION_CHECK, "false")
+        try:
+            with self.table_lock(key):
+                self.delta_table(key).vacuum(retention_hours)
+        finally:
+            conf.set(_RETENTION_CHECK, previous)
+
     def _check_schema(self, name: str, df: DataFrame) -> bool:
         """Refuse dropped or retyped columns; report whether the write adds columns."""
         current = {f.name: f.dataType for f in self.read(name).schema.fields}
@@ -253,6 +268,7 @@ class LakehouseResource(ConfigurableResource):
 
 
 _OUT_OF_RANGE = "USER_RAISED_EXCEPTION"
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFrame:
