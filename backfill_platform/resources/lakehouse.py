@@ -171,7 +171,9 @@ class LakehouseResource(ConfigurableResource):
             try:
                 writer.save(path)
             except (AnalysisException, SparkRuntimeException) as error:
-                if error.getCondition() in ("DELTA_REPLACE_WHERE_MISMATCH", _OUT_OF_RANGE):
+                if error.getCondition() == "DELTA_REPLACE_WHERE_MISMATCH" or (
+                    error.getCondition() == "USER_RAISED_EXCEPTION" and _OUT_OF_RANGE in str(error)
+                ):
                     raise refused from error
                 raise
             return self._find_commit(key, token)
@@ -267,7 +269,7 @@ class LakehouseResource(ConfigurableResource):
         ]
 
 
-_OUT_OF_RANGE = "USER_RAISED_EXCEPTION"
+_OUT_OF_RANGE = "row outside the partition range"
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
@@ -283,7 +285,7 @@ def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFram
     return df.withColumn(
         column,
         F.when(inside, F.col(column)).otherwise(
-            F.raise_error(F.lit(f"row outside the partition range: {predicate}"))
+            F.raise_error(F.lit(f"{_OUT_OF_RANGE}: {predicate}"))
         ),
     )
 
