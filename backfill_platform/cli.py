@@ -23,9 +23,13 @@ from typing import Any
 
 from dagster import DagsterInstance
 
+from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
-from backfill_platform.operations.decommission import DecommissionRefused, decommission
-from backfill_platform.operations.graph import Lineage
+from backfill_platform.operations.decommission import (
+    DecommissionRefused,
+    check_retention_hours,
+    decommission,
+)
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.jobs import PLAN_MARKER, preflight_plan_job
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream
@@ -33,9 +37,11 @@ from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.validate import validate_shadow
 from backfill_platform.reconcile import TABLES
+from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, setting
+from backfill_platform.tables import check_shadow_suffix
 
-REFUSALS = (CutoverRefused, RollbackRefused, DecommissionRefused, ValueError)
+REFUSALS = (CutoverRefused, RollbackRefused, DecommissionRefused, TableDropRefused, ValueError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -126,6 +132,10 @@ def _select(args) -> list[str]:
 
 def run(args) -> tuple[int, Any, str]:
     """(exit status, JSON payload, text) of one command."""
+    if getattr(args, "suffix", None) is not None:
+        check_shadow_suffix(args.suffix)  # before anything is built or touched
+    if getattr(args, "retention_hours", None) is not None:
+        check_retention_hours(args.retention_hours)
     s = Session()
     if args.command == "plan":
         plan = s.plan(_select(args), args.start, args.end)

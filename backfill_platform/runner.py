@@ -1,14 +1,25 @@
-"""Running ranges through Dagster from Python: the demo, tests, benchmarks and the CLI.
+"""The one way ranged, chunked work runs: the demo, the CLI's playbook, the downstream rebuild
+after a cutover, the stale-day repair, tests and benchmarks all go through `run_work`.
 
-These are real Dagster runs recorded in the instance (visible in the UI), executed in this
-process so one Spark session serves them all. The daemon's asset backfills do the same
-thing from the UI; this module exists for scripted use without a daemon.
+Work is "these partitions of these assets". `plan_work` turns it into ranged runs ordered by
+the asset graph (`Lineage.stages`: a stage covers the whole range before the next starts,
+because staging reads raw's later ingest days; inside a stage, chunks run oldest first, as
+the self-dependent LTV requires). An `Executor` carries the runs out. Today's executor runs
+them in this process through `materialize()` (real Dagster runs, recorded in the instance,
+one Spark session for all); one that submits the same plan to a running deployment's queue
+can be added behind the same interface without touching callers.
+
+The failure rule, everywhere: **stop at the first failed run** and report it; later runs
+read what the failed one should have written, so running them would only spread the
+failure. Nothing raises for a failed run; callers turn `RunReport.success` into their
+exit status (or `raise_for_failure()`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from dagster import (
     AssetKey,
@@ -16,16 +27,29 @@ from dagster import (
     AssetSelection,
     DagsterInstance,
     ExecuteInProcessResult,
-    PartitionKeyRange,
     materialize,
 )
 
-from backfill_platform.assets.common import RAW_FX_RATES, RAW_ORDERS
-from backfill_platform.partitions import daily_partitions
+from backfill_platform.lineage import Lineage
+from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.settings import PARTITIONS_PER_RUN, setting
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+# Every run the platform launches says why (sensors tell live runs from backfills by it).
+TRIGGER_TAG = "backfill_platform/trigger"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One ranged Dagster run: these assets over these days."""
+
+    keys: tuple[AssetKey, ...]
+    days: DayRange
+
+    @property
+    def assets(self) -> list[str]:
+        return [k.to_user_string() for k in self.keys]
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,50 @@ class RangeRun:
     last_key: str
     run_id: str
     success: bool
+    assets: tuple[str, ...] = ()
+
+
+@dataclass
+class RunReport:
+    runs: list[RangeRun] = field(default_factory=list)
+    not_run: list[RunSpec] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.runs) and not self.not_run
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [r.run_id for r in self.runs]
+
+    def raise_for_failure(self) -> RunReport:
+        if not self.success:
+            failed = next((r for r in self.runs if not r.success), None)
+            where = f"run {failed.run_id} ({failed.first_key}..{failed.last_key})" if failed else ""
+            raise BackfillFailed(
+                f"{where} failed; {len(self.not_run)} later run(s) not started. "
+                "Fix the cause and run the same range again: finished runs are idempotent."
+            )
+        return self
+
+
+class BackfillFailed(Exception):
+    """A run of the plan failed; runs after it were not started."""
+
+
+class Executor(Protocol):
+    """Carries out a plan of ranged runs, in order, stopping at the first failure."""
+
+    def execute(
+        self,
+        plan: Sequence[RunSpec],
+        tags: Mapping[str, str],
+        on_run: Callable[[RangeRun], None] | None = None,
+    ) -> RunReport: ...
+
+
+def range_tags(days: DayRange) -> dict[str, str]:
+    return {RANGE_START_TAG: days.first, RANGE_END_TAG: days.last}
 
 
 def materialize_range(
@@ -47,23 +115,113 @@ def materialize_range(
     tags: Mapping[str, str] | None = None,
     run_config: Mapping[str, object] | None = None,
 ) -> ExecuteInProcessResult:
-    """One Dagster run over the partition keys first_key..last_key (both inclusive)."""
+    """One in-process Dagster run over the partition keys first_key..last_key (inclusive)."""
     return materialize(
         assets,
         selection=selection,
         resources=resources,
         instance=instance,
         run_config=run_config,
-        tags={**(tags or {}), RANGE_START_TAG: first_key, RANGE_END_TAG: last_key},
+        tags={**(tags or {}), **range_tags(DayRange(first_key, last_key))},
         raise_on_error=raise_on_error,
     )
 
 
-def chunks(first_key: str, last_key: str, per_run: int | None = None) -> list[tuple[str, str]]:
-    """The backfill's runs: consecutive partition-key ranges of at most `per_run` keys."""
-    per_run = per_run or int(setting(PARTITIONS_PER_RUN))
-    keys = daily_partitions.get_partition_keys_in_range(PartitionKeyRange(first_key, last_key))
-    return [(keys[i], keys[min(i + per_run, len(keys)) - 1]) for i in range(0, len(keys), per_run)]
+@dataclass
+class InProcessExecutor:
+    """Real Dagster runs executed in this process (tests, the demo, scripted use)."""
+
+    assets: Sequence[AssetsDefinition]
+    resources: Mapping[str, object]
+    instance: DagsterInstance
+    run_config: Mapping[str, object] | None = None
+
+    def execute(
+        self,
+        plan: Sequence[RunSpec],
+        tags: Mapping[str, str],
+        on_run: Callable[[RangeRun], None] | None = None,
+    ) -> RunReport:
+        report = RunReport()
+        for index, spec in enumerate(plan):
+            result = materialize_range(
+                self.assets,
+                spec.days.first,
+                spec.days.last,
+                self.resources,
+                self.instance,
+                selection=AssetSelection.assets(*spec.keys),
+                raise_on_error=False,
+                tags=tags,
+                run_config=self.run_config,
+            )
+            run = RangeRun(
+                spec.days.first, spec.days.last, result.run_id, result.success, tuple(spec.assets)
+            )
+            report.runs.append(run)
+            if on_run:
+                on_run(run)
+            if not run.success:
+                report.not_run = list(plan[index + 1 :])
+                break
+        return report
+
+
+def per_run_default() -> int:
+    return int(setting(PARTITIONS_PER_RUN))
+
+
+def plan_work(
+    lineage: Lineage, work: Mapping[AssetKey, Sequence[str] | set[str]], per_run: int | None = None
+) -> list[RunSpec]:
+    """Ranged runs for `work` (asset -> partition keys), in the order the graph demands.
+
+    Stage by stage (see `Lineage.stages`); inside a stage, assets that need the same days
+    share runs, chunk by chunk oldest first; assets needing other days follow in graph order.
+    """
+    per_run = per_run or per_run_default()
+    plan: list[RunSpec] = []
+    for stage in lineage.stages([k for k, days in work.items() if days]):
+        by_days: dict[frozenset[str], list[AssetKey]] = {}
+        for key in stage:
+            days = frozenset(work.get(key) or ())
+            if not days:  # a sibling that must run along: it takes its group's days
+                days = frozenset().union(*(work.get(s) or () for s in lineage.siblings[key]))
+            by_days.setdefault(days, []).append(key)
+        for days, keys in by_days.items():
+            for span in ranges_of(days):
+                plan += [RunSpec(tuple(keys), chunk) for chunk in span.chunks(per_run)]
+    return plan
+
+
+def run_work(
+    executor: Executor,
+    lineage: Lineage,
+    work: Mapping[AssetKey, Sequence[str] | set[str]],
+    trigger: str,
+    tags: Mapping[str, str] | None = None,
+    per_run: int | None = None,
+    on_run: Callable[[RangeRun], None] | None = None,
+) -> RunReport:
+    """Plan `work` and execute it; every run is tagged with why it ran."""
+    plan = plan_work(lineage, work, per_run)
+    return executor.execute(plan, {**(tags or {}), TRIGGER_TAG: trigger}, on_run)
+
+
+def run_range(
+    executor: Executor,
+    lineage: Lineage,
+    selection: Sequence[AssetKey],
+    days: DayRange,
+    trigger: str,
+    tags: Mapping[str, str] | None = None,
+    per_run: int | None = None,
+    on_run: Callable[[RangeRun], None] | None = None,
+) -> RunReport:
+    """`selection` (plus what must run with it) over every day of `days`."""
+    keys = days.partition_keys()
+    work = {key: keys for key in lineage.expand(selection)}
+    return run_work(executor, lineage, work, trigger, tags, per_run, on_run)
 
 
 def backfill(
@@ -75,23 +233,15 @@ def backfill(
     per_run: int | None = None,
     on_run: Callable[[RangeRun], None] | None = None,
 ) -> list[RangeRun]:
-    """Every layer over a range, chunked, in the order the dependencies demand.
-
-    Raw goes first over the whole range, because staging of day D reads raw rows that
-    arrived up to days later (and all FX files); then staging and the marts go chunk by
-    chunk, oldest first, as the self-dependent LTV requires. This is the order Dagster's
-    asset backfill derives from the partition mappings.
-    """
-    raw = [RAW_ORDERS, RAW_FX_RATES]
-    rest = AssetSelection.all() - AssetSelection.assets(*raw)
-    runs: list[RangeRun] = []
-    for selection in (AssetSelection.assets(*raw), rest):
-        for first, last in chunks(first_key, last_key, per_run):
-            result = materialize_range(
-                assets, first, last, resources, instance, selection=selection
-            )
-            run = RangeRun(first, last, result.run_id, result.success)
-            runs.append(run)
-            if on_run:
-                on_run(run)
-    return runs
+    """Every asset over first..last in process; raises `BackfillFailed` if a run fails."""
+    lineage = Lineage(assets)
+    report = run_range(
+        InProcessExecutor(assets, resources, instance),
+        lineage,
+        lineage.toposorted(),
+        DayRange(first_key, last_key),
+        trigger="backfill",
+        per_run=per_run,
+        on_run=on_run,
+    )
+    return report.raise_for_failure().runs

@@ -30,9 +30,9 @@ from backfill_platform.assets.common import (
     RAW_ORDERS,
 )
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
-from backfill_platform.operations.graph import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
 from backfill_platform.operations.validate import latest_validation
@@ -42,6 +42,7 @@ from backfill_platform.transforms.fx import with_usd
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
 DAYS = [f"2024-01-0{d}" for d in range(1, 8)]
+LINEAGE = Lineage(all_assets)
 MARTS = "marts/fct_daily_revenue,marts/customer_ltv"
 EUR_PAID = Decimal("17.50")  # per day: 10.00 + 7.50
 BUG_VERSIONS = {
@@ -160,7 +161,9 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     }
     assert by_asset["marts/fct_daily_revenue"]["code_version_next"] == "fct-daily-revenue-1"
     assert by_asset["marts/fct_daily_revenue"]["rows"] == 5 * 2  # EUR and USD rows per day
-    week = build_plan(lake, platform.resources["landing"], None, [FCT_DAILY_REVENUE], *DAYS[::6])
+    week = build_plan(
+        lake, platform.resources["landing"], None, [FCT_DAILY_REVENUE], *DAYS[::6], lineage=LINEAGE
+    )
     assert week.assets[0].mixed_code_versions and not plan["assets"][0]["mixed_code_versions"]
     assert platform.instance.get_run_by_id(plan["run_id"]).job_name == (
         "backfill_preflight_plan_job"
@@ -270,6 +273,7 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         DAYS[5],
         "fxfix",
         "re-apply INC-42 fix",
+        lineage=LINEAGE,
     )
     assert {t: full_rows(platform, t) for t in MARTS.split(",")}["marts/fct_daily_revenue"] == (
         after_cutover["marts/fct_daily_revenue"]
@@ -305,7 +309,9 @@ def test_plan_blocks_on_missing_inputs_and_on_runs_writing_the_same_partitions(o
     )
     platform.instance.add_run(busy)
     lake, landing = platform.resources["lakehouse"], platform.resources["landing"]
-    plan = build_plan(lake, landing, platform.instance, [CUSTOMER_LTV], DAYS[0], DAYS[5])
+    plan = build_plan(
+        lake, landing, platform.instance, [CUSTOMER_LTV], DAYS[0], DAYS[5], lineage=LINEAGE
+    )
     assert not plan.ok
     assert plan.conflicting_runs == [
         {"run_id": busy.run_id, "assets": ["marts/customer_ltv"], "first": DAYS[4], "last": DAYS[6]}
@@ -346,7 +352,9 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     gone = platform.landing / "orders" / f"ingest_date={DAYS[1]}" / "part-0000.jsonl"
     gone.unlink()
 
-    plan = build_plan(lake, platform.resources["landing"], None, [RAW_ORDERS], DAYS[0], DAYS[1])
+    plan = build_plan(
+        lake, platform.resources["landing"], None, [RAW_ORDERS], DAYS[0], DAYS[1], lineage=LINEAGE
+    )
     assert not plan.ok
     assert plan.missing_inputs == [
         f"raw/orders: landing file orders/{DAYS[1]}/part-0000.jsonl is gone"

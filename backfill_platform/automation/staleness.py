@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from dagster import AssetSelection, DagsterInstance
+from dagster import AssetKey, AssetsDefinition, DagsterInstance
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import (
@@ -35,8 +35,11 @@ from backfill_platform.assets.common import (
     STAGING_REJECTS,
 )
 from backfill_platform.assets.staging import known_currencies
+from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import commit_partition_keys
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.runner import InProcessExecutor, run_work
 from backfill_platform.transforms.orders import with_unknown_currency
 
 REPAIR_COMMAND = "python -m backfill_platform.automation.staleness --repair"
@@ -196,24 +199,30 @@ def detect(lakehouse: LakehouseResource) -> StalenessReport:
     return report
 
 
-def run_plan(steps: Sequence[RepairStep], resources, instance: DagsterInstance) -> list[str]:
-    """Execute the targeted backfill in order, one ranged run per step; returns run ids."""
-    from backfill_platform.definitions import all_assets
-    from backfill_platform.runner import materialize_range
-
-    run_ids = []
+def repair_work(steps: Sequence[RepairStep]) -> dict[AssetKey, set[str]]:
+    """The repair plan as runner work: each step's assets over its days."""
+    work: dict[AssetKey, set[str]] = {}
     for step in steps:
-        result = materialize_range(
-            all_assets,
-            step.first.isoformat(),
-            step.last.isoformat(),
-            resources,
-            instance,
-            selection=AssetSelection.assets(*step.keys),
-            tags={"backfill_platform/trigger": "stale-repair-cli"},
-        )
-        run_ids.append(result.run_id)
-    return run_ids
+        days = DayRange.of_days(step.first, step.last).partition_keys()
+        for key in step.keys:
+            work.setdefault(key, set()).update(days)
+    return work
+
+
+def run_plan(
+    steps: Sequence[RepairStep],
+    assets: Sequence[AssetsDefinition],
+    resources,
+    instance: DagsterInstance,
+) -> list[str]:
+    """Execute the targeted backfill through the runner; returns run ids."""
+    report = run_work(
+        InProcessExecutor(assets, resources, instance),
+        Lineage(assets),
+        repair_work(steps),
+        trigger="stale-repair-cli",
+    )
+    return report.raise_for_failure().run_ids
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,13 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repair", action="store_true", help="run the targeted backfill")
     args = parser.parse_args(argv)
 
-    from backfill_platform.definitions import build_resources
+    from backfill_platform.definitions import all_assets, build_resources
 
     resources = build_resources()
     report = detect(resources["lakehouse"])
     print(json.dumps(report.metadata(), indent=2, default=str))
     if args.repair and report.stale:
-        for run_id in run_plan(report.plan(), resources, DagsterInstance.get()):
+        for run_id in run_plan(report.plan(), all_assets, resources, DagsterInstance.get()):
             print(f"run {run_id} succeeded")
     return 1 if report.stale and not args.repair else 0
 

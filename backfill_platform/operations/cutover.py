@@ -15,9 +15,10 @@ from datetime import date, timedelta
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
 
-from backfill_platform.operations.graph import Lineage, built_partitions, range_keys
+from backfill_platform.lineage import Lineage
 from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.lakehouse import table_name
 
@@ -103,11 +104,11 @@ def cutover(
     suffix: str,
     reason: str,
     force: bool = False,
-    lineage: Lineage | None = None,
+    *,
+    lineage: Lineage,
 ) -> Cutover:
     if not reason.strip():
         raise CutoverRefused("a cutover needs the operator's reason (--reason)")
-    lineage = lineage or Lineage()
     keys = lineage.expand(selection)
     shadow = shadow_lakehouse(lake, suffix, keys)
     validation_id = preflight(instance, shadow, keys, first, last, suffix, force)
@@ -117,11 +118,11 @@ def cutover(
     for key in keys:  # dependency order
         column = lineage.column[key]
         shadow_version = shadow.current_version(key)
-        written = built_partitions(shadow, key)
+        written = shadow.built_partitions(key)
         code_versions = sorted(
             {
                 written[k].get("code_version") or "unknown"
-                for k in range_keys(first, last)
+                for k in DayRange(first, last).partition_keys()
                 if k in written
             }
         )
@@ -165,7 +166,7 @@ def cutover(
 def record_cutover(instance: DagsterInstance, result: Cutover) -> None:
     """Each rewritten partition gets a materialization carrying the cutover, in the UI."""
     for t in result.tables:
-        for key in range_keys(result.start, result.end):
+        for key in DayRange(result.start, result.end).partition_keys():
             instance.report_runless_asset_event(
                 AssetMaterialization(
                     asset_key=AssetKey(t.table.split("/")),

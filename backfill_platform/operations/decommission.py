@@ -7,15 +7,12 @@ VACUUM the pre-cutover version is gone and rollback refuses, saying so.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from backfill_platform.operations.cutover import CUTOVER
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import shadow_name
+from backfill_platform.tables import TABLES, check_shadow_suffix
 
 
 class DecommissionRefused(Exception):
@@ -34,9 +31,12 @@ class Decommission:
         return asdict(self)
 
 
-def shadow_tables(lake: LakehouseResource, suffix: str) -> list[str]:
-    root = Path(lake.root_dir).resolve()
-    return [shadow_name(t, suffix) for t in TABLES if (root / shadow_name(t, suffix)).is_dir()]
+def check_retention_hours(hours: object) -> float:
+    if not isinstance(hours, int | float) or not 0 <= hours < float("inf"):
+        raise DecommissionRefused(
+            f"--retention-hours {hours!r}: give a finite number of hours >= 0; nothing was touched"
+        )
+    return float(hours)
 
 
 def decommission(
@@ -45,14 +45,16 @@ def decommission(
     retention_hours: float,
     now: datetime | None = None,
 ) -> Decommission:
+    suffix = check_shadow_suffix(suffix)
+    check_retention_hours(retention_hours)
     now = now or datetime.now(UTC)
-    shadows = shadow_tables(lake, suffix)
+    shadows = lake.shadows(suffix)
     if not shadows:
         raise DecommissionRefused(f"no shadow tables with suffix {suffix!r}")
     cut = {
-        t: c["timestamp"]
+        t.name: c["timestamp"]
         for t in TABLES
-        for c in lake.history(t)
+        for c in lake.history(t.name)
         if c["metadata"].get("operation") == CUTOVER
         and c["metadata"].get("shadow_suffix") == suffix
     }
@@ -65,14 +67,11 @@ def decommission(
                 f"shadow {suffix!r} was cut over at {last.isoformat()}; its retention window "
                 f"of {retention_hours:g} h ends at {ends.isoformat()}. Nothing dropped."
             )
-    root = Path(lake.root_dir).resolve()
-    for name in shadows:
-        with lake.table_lock(name):
-            shutil.rmtree(root / name)
+    dropped = lake.drop_shadows(suffix)
     vacuumed = sorted(cut)
     # Our window (checked against the cutover time above) replaces Delta's 7-day check.
     for table in vacuumed:
         lake.vacuum(table, retention_hours)
     return Decommission(
-        suffix, shadows, vacuumed, retention_hours, last.isoformat() if last else None
+        suffix, dropped, vacuumed, retention_hours, last.isoformat() if last else None
     )

@@ -14,7 +14,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from backfill_platform.operations.graph import Lineage
+from backfill_platform.lineage import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 
@@ -34,7 +34,10 @@ def preflight_plan(
     lakehouse: LakehouseResource,
     landing: LandingZoneResource,
 ):
-    lineage = Lineage()
+    # The graph of the code location this op runs in, not a module-level global.
+    lineage = Lineage(
+        list({id(a): a for a in context.repository_def.assets_defs_by_key.values()}.values())
+    )
     plan = build_plan(
         lakehouse,
         landing,

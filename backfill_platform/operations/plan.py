@@ -19,14 +19,8 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import RAW_FX_RATES, RAW_ORDERS
-from backfill_platform.operations.graph import (
-    Lineage,
-    blast_radius,
-    built_partitions,
-    contiguous_keys,
-    range_keys,
-    upstream_keys,
-)
+from backfill_platform.lineage import Lineage, blast_radius, upstream_keys
+from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.resources.landing import FX_RATES, ORDERS
@@ -118,12 +112,12 @@ def build_plan(
     selection: list[AssetKey],
     first: str,
     last: str,
-    lineage: Lineage | None = None,
+    *,
+    lineage: Lineage,
     exclude_run_id: str | None = None,
 ) -> Plan:
-    lineage = lineage or Lineage()
     selection = lineage.expand(selection)
-    written = {key: built_partitions(lake, key) for key in lineage.toposorted()}
+    written = {key: lake.built_partitions(key) for key in lineage.toposorted()}
     radius = blast_radius(lineage, selection, first, last, lambda k: set(written[k]))
     assets = []
     for key in lineage.toposorted():
@@ -136,7 +130,7 @@ def build_plan(
         )
         in_range = {
             written[key][k].get("code_version") or "unknown"
-            for k in range_keys(first, last)
+            for k in DayRange(first, last).partition_keys()
             if k in written[key]
         }
         selected = key in selection
@@ -148,7 +142,7 @@ def build_plan(
                 asset=table_name(key),
                 role="selected" if selected else "downstream",
                 partitions=keys,
-                ranges=contiguous_keys(keys),
+                ranges=[(r.first, r.last) for r in ranges_of(keys)],
                 rows=rows,
                 files=files,
                 bytes=size,
@@ -156,7 +150,9 @@ def build_plan(
                 code_version_next=lineage.code_version[key],
                 mixed_code_versions=len(in_range) > 1,
                 missing_inputs=missing if selected else [],
-                downstream_partitions=sorted(set(keys) - set(range_keys(first, last)))
+                downstream_partitions=sorted(
+                    set(keys) - set(DayRange(first, last).partition_keys())
+                )
                 if selected
                 else keys,
             )
@@ -195,7 +191,7 @@ def _missing_inputs(
     """Inputs the range needs that are gone: landing files raw holds, or upstream gaps."""
     if key in LANDING_KIND:
         return _lost_landing_files(lake, landing, key, lineage.column[key], first, last)
-    rewritten = set(range_keys(first, last))
+    rewritten = set(DayRange(first, last).partition_keys())
     missing = []
     for edge in lineage.parents(key):
         needed = upstream_keys(edge, keys)
@@ -209,7 +205,7 @@ def _missing_inputs(
             if edge.parent == key:  # self-dependency: the partition before the range
                 gaps = sorted(k for k in needed if k not in built)
         if gaps:
-            runs = ", ".join(f"{a}..{b}" for a, b in contiguous_keys(gaps)[:10])
+            runs = ", ".join(str(r) for r in ranges_of(gaps)[:10])
             missing.append(f"{table_name(edge.parent)} partitions {runs} not built")
     return missing
 
@@ -254,7 +250,7 @@ def _conflicting_runs(
         last = run.tags.get(RANGE_END_TAG) or first
         if not first:
             continue
-        keys = set(range_keys(first, last))
+        keys = set(DayRange(first, last).partition_keys())
         assets = sorted(
             table_name(k)
             for k in (run.asset_selection or radius.keys())

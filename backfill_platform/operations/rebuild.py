@@ -11,20 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from dagster import AssetKey, AssetsDefinition, AssetSelection, DagsterInstance
+from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
-from backfill_platform.operations.graph import (
-    Lineage,
-    blast_radius,
-    built_partitions,
-    contiguous_keys,
-    range_keys,
-)
-from backfill_platform.resources.lakehouse import table_name
-from backfill_platform.runner import chunks, materialize_range
+from backfill_platform.lineage import Lineage, blast_radius
+from backfill_platform.ranges import DayRange
+from backfill_platform.runner import InProcessExecutor, run_work
 
 CUTOVER_TAG = "backfill_platform/cutover_id"
-TRIGGER_TAG = "backfill_platform/trigger"
 
 
 @dataclass
@@ -41,9 +34,9 @@ def downstream_work(
 ) -> dict[AssetKey, set[str]]:
     """Built partitions downstream of the range that the range itself does not rewrite."""
     keys = lineage.expand(selection)
-    written = {key: set(built_partitions(lake, key)) for key in lineage.toposorted()}
+    written = {key: set(lake.built_partitions(key)) for key in lineage.toposorted()}
     radius = blast_radius(lineage, keys, first, last, lambda k: written[k])
-    rewritten = set(range_keys(first, last))
+    rewritten = set(DayRange(first, last).partition_keys())
     work = {k: (v - rewritten if k in keys else v) for k, v in radius.items()}
     return {k: v for k, v in work.items() if v}
 
@@ -61,27 +54,18 @@ def rebuild_downstream(
 ) -> list[RebuildRun]:
     lineage = lineage or Lineage(assets)
     work = downstream_work(resources["lakehouse"], lineage, selection, first, last)
-    runs: list[RebuildRun] = []
-    for group in lineage.groups(work):
-        days = set().union(*(work.get(k, set()) for k in group))
-        for a, b in contiguous_keys(days):
-            for x, y in chunks(a, b, per_run):
-                result = materialize_range(
-                    assets,
-                    x,
-                    y,
-                    resources,
-                    instance,
-                    selection=AssetSelection.assets(*group),
-                    raise_on_error=False,
-                    tags={CUTOVER_TAG: cutover_id, TRIGGER_TAG: "cutover-downstream-rebuild"},
-                )
-                runs.append(
-                    RebuildRun([table_name(k) for k in group], x, y, result.run_id, result.success)
-                )
-                if not result.success:
-                    return runs
-    return runs
+    report = run_work(
+        InProcessExecutor(assets, resources, instance),
+        lineage,
+        work,
+        trigger="cutover-downstream-rebuild",
+        tags={CUTOVER_TAG: cutover_id},
+        per_run=per_run,
+    )
+    return [
+        RebuildRun(list(r.assets), r.first_key, r.last_key, r.run_id, r.success)
+        for r in report.runs
+    ]
 
 
 def as_dicts(runs: list[RebuildRun]) -> list[dict]:

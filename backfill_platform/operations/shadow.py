@@ -11,23 +11,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 
-from dagster import AssetKey, AssetsDefinition, AssetSelection, DagsterInstance
+from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
-from backfill_platform.assets.common import RAW_FX_RATES, RAW_ORDERS
-from backfill_platform.operations.graph import Lineage, range_keys, upstream_keys
+from backfill_platform.lineage import Lineage, upstream_keys
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import DeltaIOManager, LakehouseResource
-from backfill_platform.resources.lakehouse import shadow_name, table_name
-from backfill_platform.runner import chunks, materialize_range
+from backfill_platform.resources.lakehouse import table_name
+from backfill_platform.runner import InProcessExecutor, run_range
+from backfill_platform.tables import check_shadow_suffix, shadow_name
 
 SHADOW_TAG = "backfill_platform/shadow"
-TRIGGER_TAG = "backfill_platform/trigger"
 
 
 def shadow_lakehouse(lake: LakehouseResource, suffix: str, keys: Sequence[AssetKey]):
     return LakehouseResource(
         root_dir=lake.root_dir,
         spark=lake.spark,
-        shadow_suffix=suffix,
+        shadow_suffix=check_shadow_suffix(suffix),
         shadow_tables=[table_name(k) for k in keys],
     )
 
@@ -38,12 +38,6 @@ def shadow_resources(
     """The run's resources with the lakehouse (and the IO manager over it) shadow-routed."""
     lake = shadow_lakehouse(resources["lakehouse"], suffix, keys)
     return {**resources, "lakehouse": lake, "io_manager": DeltaIOManager(lakehouse=lake)}
-
-
-def check_suffix(suffix: str) -> str:
-    if not suffix or not suffix.replace("_", "").isalnum():
-        raise ValueError(f"shadow suffix {suffix!r}: use letters, digits and '_' only")
-    return suffix
 
 
 @dataclass
@@ -66,7 +60,7 @@ def seed_self_dependencies(
     """Copy into the shadow the production partitions a self-dependent asset reads before
     the range (LTV's previous snapshot), so the shadow starts where production stands."""
     seeded = {}
-    rewritten = set(range_keys(first, first))
+    rewritten = {first}
     for key in keys:
         for edge in lineage.parents(key):
             if edge.parent != key:
@@ -104,40 +98,25 @@ def run_shadow(
     lineage: Lineage | None = None,
     per_run: int | None = None,
 ) -> ShadowResult:
-    """Materialize `selection` over first..last into shadow tables, as ranged Dagster runs.
-
-    Raw goes first over the whole range (staging reads later ingest days), then the rest
-    chunk by chunk, oldest first, exactly as `runner.backfill` orders production.
-    """
+    """Materialize `selection` over first..last into shadow tables, as ranged Dagster runs
+    planned and executed by the runner, exactly as production is backfilled."""
+    suffix = check_shadow_suffix(suffix)
+    days = DayRange(first, last)
     lineage = lineage or Lineage(assets)
     keys = lineage.expand(selection)
-    suffix = check_suffix(suffix)
     shadow_res = shadow_resources(resources, suffix, keys)
     lake, shadow = resources["lakehouse"], shadow_res["lakehouse"]
     seeded = seed_self_dependencies(lake, shadow, lineage, keys, first)
-    raw = [k for k in keys if k in (RAW_ORDERS, RAW_FX_RATES)]
-    rest = [k for k in keys if k not in raw]
-    run_ids, success = [], True
-    for group in (raw, rest):
-        if not group:
-            continue
-        for a, b in chunks(first, last, per_run):
-            result = materialize_range(
-                assets,
-                a,
-                b,
-                shadow_res,
-                instance,
-                selection=AssetSelection.assets(*group),
-                raise_on_error=False,
-                tags={SHADOW_TAG: suffix, TRIGGER_TAG: "shadow-backfill"},
-            )
-            run_ids.append(result.run_id)
-            if not result.success:
-                success = False
-                break
-        if not success:
-            break
+    report = run_range(
+        InProcessExecutor(assets, shadow_res, instance),
+        lineage,
+        keys,
+        days,
+        trigger="shadow-backfill",
+        tags={SHADOW_TAG: suffix},
+        per_run=per_run,
+    )
+    run_ids, success = report.run_ids, report.success
     return ShadowResult(
         suffix=suffix,
         tables={table_name(k): shadow_name(table_name(k), suffix) for k in keys},

@@ -35,8 +35,9 @@ from backfill_platform.assets.common import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform.operations.graph import Lineage, built_partitions, range_keys
+from backfill_platform.lineage import Lineage
 from backfill_platform.operations.shadow import shadow_lakehouse
+from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.lakehouse import table_name
@@ -180,9 +181,9 @@ def compare_table(
     numeric = [c for c in cols if _numeric(shad, c) and c not in keys]
     shadow_stats = _per_partition(shad, column, keys, numeric)
     prod_stats = _per_partition(prod, column, keys, numeric) if prod is not None else {}
-    covered = set(built_partitions(shadow, key))
+    covered = set(shadow.built_partitions(key))
     partitions = []
-    for day in range_keys(first, last):
+    for day in DayRange(first, last).partition_keys():
         p, s = prod_stats.get(day, {}), shadow_stats.get(day, {})
         diff = PartitionDiff(
             partition=day,
@@ -217,7 +218,9 @@ def compare_table(
         shadow_version=shadow.current_version(key),
         production_version=lake.current_version(key),
         schema_matches=schema_matches,
-        uncovered_partitions=[d for d in range_keys(first, last) if d not in covered],
+        uncovered_partitions=[
+            d for d in DayRange(first, last).partition_keys() if d not in covered
+        ],
         partitions=partitions,
         changed_partitions=sum(d.changed for d in partitions),
         sample_changed_rows=samples,
@@ -232,11 +235,11 @@ def validate_shadow(
     first: str,
     last: str,
     suffix: str,
-    lineage: Lineage | None = None,
+    *,
+    lineage: Lineage,
     reconcile: bool = True,
     sample: int = 5,
 ) -> Validation:
-    lineage = lineage or Lineage()
     keys = lineage.expand(selection)
     shadow = shadow_lakehouse(lake, suffix, keys)
     missing = [shadow.storage_name(k) for k in keys if not shadow.exists(k)]

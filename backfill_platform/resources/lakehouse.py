@@ -24,11 +24,17 @@ from pyspark.errors import AnalysisException, SparkRuntimeException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.resources.spark import SparkSessionResource
+from backfill_platform.tables import TABLES, shadow_name
 
 
 class TableWriteError(Exception):
     """A write was refused before committing; the table is unchanged."""
+
+
+class TableDropRefused(Exception):
+    """A drop was refused before anything was deleted."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,49 @@ class LakehouseResource(ConfigurableResource):
         finally:
             conf.set(_RETENTION_CHECK, previous)
 
+    def shadows(self, suffix: str) -> list[str]:
+        """The shadow tables of `suffix` that exist, one per registered table at most."""
+        return [
+            shadow_name(t.name, suffix) for t in TABLES if self.exists(shadow_name(t.name, suffix))
+        ]
+
+    def drop_shadows(self, suffix: str) -> list[str]:
+        """Delete every shadow table of `suffix`; returns their names.
+
+        Only ever removes Delta table directories directly under their table's layer in this
+        lakehouse: names come from the registry and a validated suffix, then each resolved
+        path (symlinks followed) is compared with its resolved layer directory. Every shadow
+        is checked before the first is deleted, so a refusal deletes nothing.
+        """
+        root = Path(self.root_dir).resolve()
+        doomed = []
+        for registered in TABLES:
+            name = shadow_name(registered.name, suffix)
+            layer_dir = (root / registered.layer).resolve()
+            path = (root / name).resolve()
+            if not (root / name).exists() and not (root / name).is_symlink():
+                continue
+            if (
+                layer_dir.parent != root
+                or path.parent != layer_dir
+                or path.name != name.split("/")[1]
+            ):
+                raise TableDropRefused(
+                    f"{name}: resolves to {path}, not a table directly under "
+                    f"{root / registered.layer}; nothing was deleted."
+                )
+            if not self.exists(name):
+                raise TableDropRefused(f"{name}: {path} is not a Delta table; nothing was deleted.")
+            doomed.append((name, path))
+        context = self.session.sparkContext
+        for name, path in doomed:
+            hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path.as_uri())
+            with self.table_lock(name):
+                hadoop_path.getFileSystem(context._jsc.hadoopConfiguration()).delete(
+                    hadoop_path, True
+                )
+        return [name for name, _ in doomed]
+
     def _check_schema(self, name: str, df: DataFrame) -> bool:
         """Refuse dropped or retyped columns; report whether the write adds columns."""
         current = {f.name: f.dataType for f in self.read(name).schema.fields}
@@ -251,6 +300,25 @@ class LakehouseResource(ConfigurableResource):
             if h["metadata"].get("partition_end")
         )
 
+    def built_partitions(self, key: AssetKey | str) -> dict[str, dict]:
+        """Partition key -> metadata of the newest commit that wrote it (from the Delta log).
+
+        Commits undone by a Delta RESTORE (versions between the restored-to version and the
+        RESTORE) no longer describe the table and are skipped.
+        """
+        written: dict[str, dict] = {}
+        undone: list[tuple[int, int]] = []
+        for commit in self.history(key):  # newest first
+            version = commit["version"]
+            if any(low < version < high for low, high in undone):
+                continue
+            if commit["operation"] == "RESTORE":
+                undone.append((int(commit["parameters"].get("version", version)), version))
+            meta = commit["metadata"]
+            for partition in commit_partition_keys(meta):
+                written.setdefault(partition, {**meta, "version": version})
+        return written
+
     def history(self, key: AssetKey | str, limit: int | None = None) -> list[dict[str, Any]]:
         """Delta history with our commit metadata decoded, newest first."""
         if not self.exists(key):
@@ -289,10 +357,6 @@ def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFram
             F.raise_error(F.lit(f"{_OUT_OF_RANGE}: {predicate}"))
         ),
     )
-
-
-def shadow_name(name: str, suffix: str) -> str:
-    return f"{name}__shadow_{suffix}"
 
 
 def _range_predicate(column: str, start: date, end: date) -> str:

@@ -1,26 +1,20 @@
-"""The asset graph of the code location, read from its definitions: what a range touches.
+"""The asset graph of a code location, read from its definitions: order, reach, blast radius.
 
-Blast radius and input needs come from the partition mappings the assets declare (late
-arrivals, FX reach, LTV's previous day), never from date arithmetic of our own, so the
-operations stay right when an asset's dependencies change.
+Which partitions a run reads and which partitions a change reaches come from the partition
+mappings the assets declare (late arrivals, FX reach, LTV's previous day), never from date
+arithmetic of our own, so the runner and the operations stay right when an asset's
+dependencies change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
 
-from dagster import (
-    AssetKey,
-    AssetsDefinition,
-    IdentityPartitionMapping,
-    PartitionKeyRange,
-    PartitionMapping,
-)
+from dagster import AssetKey, AssetsDefinition, IdentityPartitionMapping, PartitionMapping
 
-from backfill_platform.partitions import commit_partition_keys, daily_partitions
-from backfill_platform.resources.lakehouse import LakehouseResource, table_name
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 
 
 @dataclass(frozen=True)
@@ -33,11 +27,7 @@ class Edge:
 class Lineage:
     """Parents, children, partition columns and code versions of every asset."""
 
-    def __init__(self, assets: Sequence[AssetsDefinition] | None = None):
-        if assets is None:
-            from backfill_platform.definitions import all_assets
-
-            assets = all_assets
+    def __init__(self, assets: Sequence[AssetsDefinition]):
         self.assets = list(assets)
         self.edges: list[Edge] = []
         self.column: dict[AssetKey, str] = {}
@@ -60,9 +50,9 @@ class Lineage:
         """Asset keys from `marts/fct_daily_revenue`-style names, refusing unknown ones."""
         keys = []
         for name in names:
-            key = AssetKey(name.strip().split("/"))
+            key = AssetKey.from_user_string(name.strip())
             if key not in self.column:
-                known = ", ".join(sorted(table_name(k) for k in self.column))
+                known = ", ".join(sorted(k.to_user_string() for k in self.column))
                 raise ValueError(f"unknown asset {name!r}; known assets: {known}")
             keys.append(key)
         return self.expand(keys)
@@ -90,7 +80,7 @@ class Lineage:
                     for k in remaining
                     if all(e.parent not in remaining or e.parent == k for e in self.parents(k))
                 ),
-                key=table_name,
+                key=AssetKey.to_user_string,
             )
             order += ready
             remaining -= set(ready)
@@ -104,9 +94,33 @@ class Lineage:
                 seen.append(self.siblings[key])
         return [[k for k in self.toposorted() if k in group] for group in seen]
 
+    def forward_reaching(self, edge: Edge) -> bool:
+        """Whether the child's partition D reads parent partitions after D (late arrivals,
+        all of FX): then the parent must be built over the whole range before the child."""
+        probe = daily_partitions.get_first_partition_key()
+        return any(k > probe for k in upstream_keys(edge, [probe]))
 
-def range_keys(first: str, last: str) -> list[str]:
-    return daily_partitions.get_partition_keys_in_range(PartitionKeyRange(first, last))
+    def stages(self, keys: Iterable[AssetKey]) -> list[list[AssetKey]]:
+        """`keys` in stages: a stage runs chunk by chunk, oldest first, after every earlier
+        stage has covered the whole range. A key joins its parents' stage unless it reads
+        a parent's later partitions (then the next one); self-dependencies never split."""
+        wanted = set(self.expand(keys))
+        stage: dict[AssetKey, int] = {}
+        for key in self.toposorted():
+            if key not in wanted:
+                continue
+            stage[key] = max(
+                (
+                    stage[e.parent] + (1 if self.forward_reaching(e) else 0)
+                    for e in self.parents(key)
+                    if e.parent in stage and e.parent != key
+                ),
+                default=0,
+            )
+            for sibling in self.siblings[key]:  # outputs of one definition run together
+                stage[sibling] = max(stage.get(sibling, 0), stage[key])
+        count = max(stage.values(), default=-1) + 1
+        return [[k for k in self.toposorted() if stage.get(k) == i] for i in range(count)]
 
 
 def _subset(keys: Iterable[str]):
@@ -141,7 +155,7 @@ def blast_radius(
     in every later snapshot. Only partitions that exist are downstream work: an unbuilt one
     has nothing to correct.
     """
-    radius = {key: set(range_keys(first, last)) for key in selection}
+    radius = {key: set(DayRange(first, last).partition_keys()) for key in selection}
     frontier = {key: set(keys) for key, keys in radius.items()}
     while frontier:
         grown: dict[AssetKey, set[str]] = {}
@@ -155,34 +169,3 @@ def blast_radius(
                     grown.setdefault(edge.child, set()).update(new)
         frontier = grown
     return radius
-
-
-def built_partitions(lake: LakehouseResource, key: AssetKey | str) -> dict[str, dict]:
-    """Partition key -> metadata of the newest commit that wrote it (from the Delta log).
-
-    Commits undone by a Delta RESTORE (versions between the restored-to version and the
-    RESTORE) no longer describe the table and are skipped.
-    """
-    written: dict[str, dict] = {}
-    undone: list[tuple[int, int]] = []
-    for commit in lake.history(key):  # newest first
-        version = commit["version"]
-        if any(low < version < high for low, high in undone):
-            continue
-        if commit["operation"] == "RESTORE":
-            undone.append((int(commit["parameters"].get("version", version)), version))
-        meta = commit["metadata"]
-        for key in commit_partition_keys(meta):
-            written.setdefault(key, {**meta, "version": version})
-    return written
-
-
-def contiguous_keys(keys: Iterable[str]) -> list[tuple[str, str]]:
-    """Partition keys grouped into inclusive (first, last) runs of consecutive days."""
-    runs: list[tuple[str, str]] = []
-    for key in sorted(keys):
-        if runs and date.fromisoformat(key) == date.fromisoformat(runs[-1][1]) + timedelta(days=1):
-            runs[-1] = (runs[-1][0], key)
-        else:
-            runs.append((key, key))
-    return runs

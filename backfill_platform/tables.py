@@ -1,0 +1,133 @@
+"""The table registry: every Delta table's facts, declared once.
+
+Assets, the IO manager, checks, validation, drift, the plan, maintenance and the CLI read
+their table facts from here (asset key = storage path, partition column, row keys, layer,
+code version, measured columns). Adding a table is one entry here plus its asset.
+Shadow table names are built here too, so the suffix rule cannot be bypassed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dagster import AssetKey
+
+
+@dataclass(frozen=True)
+class Table:
+    key: AssetKey
+    partition_column: str
+    # What identifies a row within a partition (validation counts distinct keys on these).
+    key_columns: tuple[str, ...]
+    # Bump whenever the asset's logic changes what it writes: the version is stamped on
+    # every Delta commit so a range written by mixed code can be found.
+    code_version: str
+    # Numeric columns whose sums drift and validation compare; empty: not drift-checked.
+    measures: tuple[str, ...] = ()
+    # The column drift counts distinct values of (defaults to the first key column).
+    drift_key: str | None = None
+
+    @property
+    def name(self) -> str:
+        """`raw/orders`: the asset key is the table's path under the lakehouse root."""
+        return self.key.to_user_string()
+
+    @property
+    def layer(self) -> str:
+        return self.key.path[0]
+
+
+RAW_ORDERS = Table(
+    AssetKey(["raw", "orders"]), "ingest_date", ("file_name", "line_number"), "raw-orders-1"
+)
+RAW_FX_RATES = Table(
+    AssetKey(["raw", "fx_rates"]), "rate_date", ("file_name", "line_number"), "raw-fx-1"
+)
+STAGING_ORDERS = Table(
+    AssetKey(["staging", "orders"]),
+    "event_date",
+    ("order_id",),
+    "staging-orders-1",
+    measures=("amount",),
+)
+STAGING_REJECTS = Table(
+    AssetKey(["staging", "orders_rejects"]),
+    "ingest_date",
+    ("file_name", "line_number"),
+    "staging-orders-1",
+)
+FCT_DAILY_REVENUE = Table(
+    AssetKey(["marts", "fct_daily_revenue"]),
+    "event_date",
+    ("currency",),
+    "fct-daily-revenue-1",
+    measures=("orders", "paid_orders", "revenue_local", "revenue_usd"),
+)
+CUSTOMER_LTV = Table(
+    AssetKey(["marts", "customer_ltv"]),
+    "snapshot_date",
+    ("customer_id",),
+    "customer-ltv-1",
+    measures=("lifetime_paid_orders", "lifetime_revenue_usd"),
+)
+
+TABLES: tuple[Table, ...] = (
+    RAW_ORDERS,
+    RAW_FX_RATES,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+    FCT_DAILY_REVENUE,
+    CUSTOMER_LTV,
+)
+LAYERS = ("raw", "staging", "marts")
+_BY_NAME = {t.name: t for t in TABLES}
+
+
+class UnknownTable(ValueError):
+    """A name or key that is not a registered table."""
+
+
+def table(key: AssetKey | str) -> Table:
+    """The registered table for an asset key or a `layer/name` string; refuses others."""
+    name = key if isinstance(key, str) else key.to_user_string()
+    found = _BY_NAME.get(name.strip())
+    if found is None:
+        known = ", ".join(sorted(_BY_NAME))
+        raise UnknownTable(f"unknown table {name!r}; known tables: {known}")
+    return found
+
+
+def tables_in(layers: Iterable[str]) -> list[Table]:
+    wanted = set(layers)
+    return [t for t in TABLES if t.layer in wanted]
+
+
+# -- shadow tables ---------------------------------------------------------------------------
+SHADOW_MARKER = "__shadow_"
+SHADOW_SUFFIX_MAX = 40
+_SUFFIX = re.compile(rf"[A-Za-z0-9_]{{1,{SHADOW_SUFFIX_MAX}}}")
+
+
+class InvalidShadowSuffix(ValueError):
+    """A shadow suffix outside the rule; nothing was touched."""
+
+
+def check_shadow_suffix(suffix: object) -> str:
+    """The one suffix rule: letters, digits and `_`, 1..40 characters.
+
+    Enforced where shadow names are built (`shadow_name`), so a suffix can never carry a
+    path separator, `..`, or anything else that would point a path outside its layer.
+    """
+    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+        raise InvalidShadowSuffix(
+            f"--suffix {suffix!r}: a shadow suffix is 1 to {SHADOW_SUFFIX_MAX} letters, digits "
+            "or '_' (no '/', '.', spaces or other characters); nothing was touched."
+        )
+    return suffix
+
+
+def shadow_name(name: str, suffix: str) -> str:
+    """`marts/fct_daily_revenue__shadow_fx` for a registered table and a valid suffix."""
+    return f"{table(name).name}{SHADOW_MARKER}{check_shadow_suffix(suffix)}"
