@@ -36,10 +36,9 @@ from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.validate import validate_shadow
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, setting
-from backfill_platform.tables import check_shadow_suffix
+from backfill_platform.tables import TABLE_NAMES, check_shadow_suffix
 
 REFUSALS = (CutoverRefused, RollbackRefused, DecommissionRefused, TableDropRefused, ValueError)
 
@@ -239,7 +238,7 @@ def run(args) -> tuple[int, Any, str]:
         return 0, d.to_dict(), text
 
     if args.command == "history":
-        keys = s.lineage.parse(_select(args)) if _select(args) else s.lineage.parse(TABLES)
+        keys = s.lineage.parse(_select(args)) if _select(args) else s.lineage.parse(TABLE_NAMES)
         entries = partition_history(s.lake, keys, args.start, args.end)
         lines = [
             f"{e['table']:<26} {e['partition']:<10} v{e['version']:<4} {e['timestamp']} "

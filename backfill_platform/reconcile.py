@@ -14,18 +14,9 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import CUSTOMER_LTV, FCT_DAILY_REVENUE
 from backfill_platform.reference import ContractAnswer, compute_contract_answer, ltv_daily_totals
 from backfill_platform.resources.lakehouse import LakehouseResource
-
-TABLES = (
-    "raw/orders",
-    "raw/fx_rates",
-    "staging/orders",
-    "staging/orders_rejects",
-    "marts/fct_daily_revenue",
-    "marts/customer_ltv",
-)
+from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, TABLE_NAMES
 
 
 @dataclass
@@ -35,13 +26,13 @@ class Reconciliation:
 
 
 def table_counts(lake: LakehouseResource) -> dict[str, int]:
-    return {t: lake.read(t).count() if lake.exists(t) else 0 for t in TABLES}
+    return {t: lake.read(t).count() if lake.exists(t) else 0 for t in TABLE_NAMES}
 
 
 def fingerprints(lake: LakehouseResource) -> dict[str, list[str]]:
     """[row count, order-independent hash of the non-audit columns] per table."""
     result = {}
-    for name in TABLES:
+    for name in TABLE_NAMES:
         if not lake.exists(name):
             continue
         df = lake.read(name)

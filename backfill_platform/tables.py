@@ -26,8 +26,6 @@ class Table:
     code_version: str
     # Numeric columns whose sums drift and validation compare; empty: not drift-checked.
     measures: tuple[str, ...] = ()
-    # The column drift counts distinct values of (defaults to the first key column).
-    drift_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -38,49 +36,41 @@ class Table:
     def layer(self) -> str:
         return self.key.path[0]
 
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Definition metadata of the asset: `partition_expr` names the column the IO manager
+        replaces a run's range on (the dagster-deltalake convention)."""
+        return {"partition_expr": self.partition_column}
 
-RAW_ORDERS = Table(
-    AssetKey(["raw", "orders"]), "ingest_date", ("file_name", "line_number"), "raw-orders-1"
-)
-RAW_FX_RATES = Table(
-    AssetKey(["raw", "fx_rates"]), "rate_date", ("file_name", "line_number"), "raw-fx-1"
-)
-STAGING_ORDERS = Table(
-    AssetKey(["staging", "orders"]),
-    "event_date",
-    ("order_id",),
-    "staging-orders-1",
-    measures=("amount",),
-)
-STAGING_REJECTS = Table(
-    AssetKey(["staging", "orders_rejects"]),
-    "ingest_date",
-    ("file_name", "line_number"),
-    "staging-orders-1",
-)
-FCT_DAILY_REVENUE = Table(
-    AssetKey(["marts", "fct_daily_revenue"]),
-    "event_date",
-    ("currency",),
-    "fct-daily-revenue-1",
-    measures=("orders", "paid_orders", "revenue_local", "revenue_usd"),
-)
-CUSTOMER_LTV = Table(
-    AssetKey(["marts", "customer_ltv"]),
-    "snapshot_date",
-    ("customer_id",),
-    "customer-ltv-1",
-    measures=("lifetime_paid_orders", "lifetime_revenue_usd"),
-)
+
+RAW_ORDERS = AssetKey(["raw", "orders"])
+RAW_FX_RATES = AssetKey(["raw", "fx_rates"])
+STAGING_ORDERS = AssetKey(["staging", "orders"])
+STAGING_REJECTS = AssetKey(["staging", "orders_rejects"])
+FCT_DAILY_REVENUE = AssetKey(["marts", "fct_daily_revenue"])
+CUSTOMER_LTV = AssetKey(["marts", "customer_ltv"])
 
 TABLES: tuple[Table, ...] = (
-    RAW_ORDERS,
-    RAW_FX_RATES,
-    STAGING_ORDERS,
-    STAGING_REJECTS,
-    FCT_DAILY_REVENUE,
-    CUSTOMER_LTV,
+    Table(RAW_ORDERS, "ingest_date", ("file_name", "line_number"), "raw-orders-1"),
+    Table(RAW_FX_RATES, "rate_date", ("file_name", "line_number"), "raw-fx-1"),
+    Table(STAGING_ORDERS, "event_date", ("order_id",), "staging-orders-1", ("amount",)),
+    Table(STAGING_REJECTS, "ingest_date", ("file_name", "line_number"), "staging-orders-1"),
+    Table(
+        FCT_DAILY_REVENUE,
+        "event_date",
+        ("currency",),
+        "fct-daily-revenue-1",
+        ("orders", "paid_orders", "revenue_local", "revenue_usd"),
+    ),
+    Table(
+        CUSTOMER_LTV,
+        "snapshot_date",
+        ("customer_id",),
+        "customer-ltv-1",
+        ("lifetime_paid_orders", "lifetime_revenue_usd"),
+    ),
 )
+TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
 LAYERS = ("raw", "staging", "marts")
 _BY_NAME = {t.name: t for t in TABLES}
 

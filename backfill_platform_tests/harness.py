@@ -12,10 +12,10 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, ExecuteInProcessR
 from pyspark.sql import DataFrame
 
 from backfill_platform.definitions import all_assets, build_resources
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import SparkSessionResource
 from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.runner import backfill, materialize_range
+from backfill_platform.tables import TABLE_NAMES
 
 
 def spark_resource_for_tests() -> SparkSessionResource:
@@ -125,7 +125,7 @@ class Platform:
 
     def snapshot(self) -> dict[str, list[dict[str, Any]]]:
         lake = self.resources["lakehouse"]
-        return {t: self.rows(t) for t in TABLES if lake.exists(t)}
+        return {t: self.rows(t) for t in TABLE_NAMES if lake.exists(t)}
 
     def version(self, name: str) -> int | None:
         return self.resources["lakehouse"].current_version(table_name(name))

@@ -23,7 +23,6 @@ from dagster import (
     in_process_executor,
 )
 
-from backfill_platform.assets.common import CUSTOMER_LTV, RAW_ORDERS, STAGING_ORDERS
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.automation.schedules import daily_live_schedule
 from backfill_platform.automation.sensors import (
@@ -43,6 +42,7 @@ from backfill_platform.automation.staleness import (
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.tables import CUSTOMER_LTV, RAW_ORDERS, STAGING_ORDERS
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
 REPO = Path(__file__).resolve().parents[1]

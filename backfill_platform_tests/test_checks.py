@@ -25,18 +25,18 @@ from dagster import (
 )
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import (
+from backfill_platform.automation.sensors import rolling_window_sensor
+from backfill_platform.checks import all_checks
+from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
+from backfill_platform.definitions import all_assets
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
+from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform.automation.sensors import rolling_window_sensor
-from backfill_platform.checks import all_checks
-from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
-from backfill_platform.definitions import all_assets
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform_tests.harness import Platform, order_line
 
 DAYS = [(date(2024, 1, 1) + timedelta(days=i)).isoformat() for i in range(6)]

@@ -23,12 +23,6 @@ from pyspark.sql import functions as F
 
 import backfill_platform.assets.marts as marts_module
 from backfill_platform import cli
-from backfill_platform.assets.common import (
-    CUSTOMER_LTV,
-    FCT_DAILY_REVENUE,
-    RAW_FX_RATES,
-    RAW_ORDERS,
-)
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
@@ -38,6 +32,7 @@ from backfill_platform.operations.rollback import RollbackRefused, missing_files
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_FX_RATES, RAW_ORDERS
 from backfill_platform.transforms.fx import with_usd
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 

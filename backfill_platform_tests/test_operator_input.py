@@ -64,11 +64,11 @@ def lakehouse_with_shadow(tmp_path, spark):
     )
     meta = {"code_version": "test"}
     lake.replace_range(
-        FCT_DAILY_REVENUE.key, rows, "event_date", date(2024, 1, 1), date(2024, 1, 2), meta
+        FCT_DAILY_REVENUE, rows, "event_date", date(2024, 1, 1), date(2024, 1, 2), meta
     )
-    shadow = shadow_lakehouse(lake, "fx", [FCT_DAILY_REVENUE.key])
+    shadow = shadow_lakehouse(lake, "fx", [FCT_DAILY_REVENUE])
     shadow.replace_range(
-        FCT_DAILY_REVENUE.key, rows, "event_date", date(2024, 1, 1), date(2024, 1, 2), meta
+        FCT_DAILY_REVENUE, rows, "event_date", date(2024, 1, 1), date(2024, 1, 2), meta
     )
     assert (lakehouse / "marts" / "fct_daily_revenue__shadow_fx" / "_delta_log").is_dir()
     home = tmp_path / "dagster_home"
@@ -133,7 +133,7 @@ def test_every_path_that_builds_a_shadow_name_refuses_the_suffix(lakehouse_with_
     with pytest.raises(InvalidShadowSuffix):
         lake.drop_shadows(suffix)
     with pytest.raises(InvalidShadowSuffix):
-        shadow_lakehouse(lake, suffix, [FCT_DAILY_REVENUE.key])
+        shadow_lakehouse(lake, suffix, [FCT_DAILY_REVENUE])
     assert tree_checksum(root) == before
 
 
@@ -166,5 +166,5 @@ def test_decommission_refuses_bad_retention_and_drops_a_real_shadow(lakehouse_wi
     result = cli(env, "decommission", "--suffix", "fx", "--retention-hours", "0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (root / "lakehouse" / "marts" / "fct_daily_revenue__shadow_fx").exists()
-    assert lake.exists(FCT_DAILY_REVENUE.key)
+    assert lake.exists(FCT_DAILY_REVENUE)
     assert (root / "victim" / "keep" / "precious.txt").is_file()

@@ -5,7 +5,7 @@ import json
 import pytest
 from dagster import AssetKey
 
-from backfill_platform.reconcile import TABLES
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.harness import Platform, order_line
 
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04", "2024-01-05", "2024-01-06"]
@@ -109,7 +109,7 @@ def test_definitions_load_with_every_contract_asset_key():
     from backfill_platform.definitions import defs
 
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert set(TABLES) <= keys
+    assert set(TABLE_NAMES) <= keys
     graph = defs.resolve_asset_graph()
     staging = graph.get(AssetKey(["staging", "orders"]))
     assert AssetKey(["raw", "orders"]) in staging.parent_keys

@@ -548,10 +548,10 @@ def step_breakdown(instance, runs, spark_log: SparkLog) -> dict[str, dict[str, f
 
 def files_per_partition(lake) -> dict[str, dict[str, float]]:
     """Live data files per date partition (Delta snapshot) and Parquet files on disk."""
-    from backfill_platform.reconcile import TABLES
+    from backfill_platform.tables import TABLE_NAMES
 
     result = {}
-    for name in TABLES:
+    for name in TABLE_NAMES:
         if not lake.exists(name):
             continue
         active: dict[str, int] = {}

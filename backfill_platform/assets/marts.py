@@ -12,17 +12,16 @@ from dagster import (
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import (
-    CODE_VERSIONS,
+from backfill_platform.assets.common import chunked_backfill_policy, run_dates
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource, SparkSessionResource
+from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     RAW_FX_RATES,
     STAGING_ORDERS,
-    chunked_backfill_policy,
-    run_dates,
+    table,
 )
-from backfill_platform.partitions import daily_partitions
-from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.transforms.fx import REACH_DAYS, FxRateError, with_usd
 from backfill_platform.transforms.revenue import customer_ltv as compute_customer_ltv
 from backfill_platform.transforms.revenue import daily_revenue
@@ -55,8 +54,8 @@ def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> Dat
     group_name="marts",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
-    code_version=CODE_VERSIONS[FCT_DAILY_REVENUE],
-    metadata={"partition_expr": "event_date"},
+    code_version=table(FCT_DAILY_REVENUE).code_version,
+    metadata=table(FCT_DAILY_REVENUE).metadata,
     ins={
         "staged": AssetIn(STAGING_ORDERS),
         "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),
@@ -85,8 +84,8 @@ def fct_daily_revenue(
     group_name="marts",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
-    code_version=CODE_VERSIONS[CUSTOMER_LTV],
-    metadata={"partition_expr": "snapshot_date"},
+    code_version=table(CUSTOMER_LTV).code_version,
+    metadata=table(CUSTOMER_LTV).metadata,
     ins={
         "staged": AssetIn(STAGING_ORDERS),
         "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),

@@ -9,13 +9,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import (
-    CODE_VERSIONS,
-    RAW_FX_RATES,
-    RAW_ORDERS,
-    chunked_backfill_policy,
-    run_dates,
-)
+from backfill_platform.assets.common import chunked_backfill_policy, run_dates
 from backfill_platform.operations.preservation import SourcePreservationConfig, guard_source
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import (
@@ -24,6 +18,7 @@ from backfill_platform.resources import (
     SparkSessionResource,
 )
 from backfill_platform.resources.landing import FX_RATES, ORDERS
+from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS, table
 from backfill_platform.transforms.fx import bad_headers, conflicting_rates, parse_rates
 from backfill_platform.transforms.lines import read_lines
 from backfill_platform.transforms.orders import parse_orders
@@ -35,8 +30,8 @@ from backfill_platform.transforms.orders import parse_orders
     group_name="raw",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
-    code_version=CODE_VERSIONS[RAW_ORDERS],
-    metadata={"partition_expr": "ingest_date"},
+    code_version=table(RAW_ORDERS).code_version,
+    metadata=table(RAW_ORDERS).metadata,
     kinds={"spark", "delta"},
 )
 def raw_orders(
@@ -87,8 +82,8 @@ def raw_orders(
     group_name="raw",
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
-    code_version=CODE_VERSIONS[RAW_FX_RATES],
-    metadata={"partition_expr": "rate_date"},
+    code_version=table(RAW_FX_RATES).code_version,
+    metadata=table(RAW_FX_RATES).metadata,
     kinds={"spark", "delta"},
 )
 def raw_fx_rates(

@@ -18,17 +18,19 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import (
-    CODE_VERSIONS,
     LATE_ARRIVAL_LINEAGE_DAYS,
-    RAW_FX_RATES,
-    RAW_ORDERS,
-    STAGING_ORDERS,
-    STAGING_REJECTS,
     chunked_backfill_policy,
     run_dates,
 )
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.tables import (
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+    table,
+)
 from backfill_platform.transforms.orders import latest_wins, with_unknown_currency
 
 # Event day D is built from raw ingest days D .. D+N (late arrivals); all currency codes
@@ -43,16 +45,16 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
         STAGING_ORDERS.to_python_identifier(): AssetOut(
             key=STAGING_ORDERS,
             group_name="staging",
-            code_version=CODE_VERSIONS[STAGING_ORDERS],
-            metadata={"partition_expr": "event_date"},
+            code_version=table(STAGING_ORDERS).code_version,
+            metadata=table(STAGING_ORDERS).metadata,
             kinds={"spark", "delta"},
             description="Current state of every order (latest updated_at wins), by event day.",
         ),
         STAGING_REJECTS.to_python_identifier(): AssetOut(
             key=STAGING_REJECTS,
             group_name="staging",
-            code_version=CODE_VERSIONS[STAGING_REJECTS],
-            metadata={"partition_expr": "ingest_date"},
+            code_version=table(STAGING_REJECTS).code_version,
+            metadata=table(STAGING_REJECTS).metadata,
             kinds={"spark", "delta"},
             description="Every rejected landing line with its reason, by the day it arrived.",
         ),

@@ -2,7 +2,11 @@
 
 from dagster import AssetObservation, AssetSelection, OpExecutionContext, define_asset_job, job, op
 
-from backfill_platform.assets.common import (
+from backfill_platform.automation.maintenance import lakehouse_vacuum_job
+from backfill_platform.automation.staleness import detect
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     RAW_FX_RATES,
@@ -10,10 +14,6 @@ from backfill_platform.assets.common import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform.automation.maintenance import lakehouse_vacuum_job
-from backfill_platform.automation.staleness import detect
-from backfill_platform.partitions import daily_partitions
-from backfill_platform.resources import LakehouseResource
 
 # Marks the observation on staging/orders that carries a staleness audit's report.
 AUDIT_MARKER = "staleness_audit"

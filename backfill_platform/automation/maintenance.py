@@ -22,9 +22,9 @@ from dagster import (
 )
 from pydantic import Field
 
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, VACUUM_RETENTION_HOURS, setting
+from backfill_platform.tables import TABLE_NAMES
 
 
 class VacuumConfig(Config):
@@ -50,7 +50,7 @@ def vacuum_lakehouse(
             f"VACUUM retention {retention:g} h is shorter than the shadow retention "
             f"({floor:g} h): a cutover inside that window could no longer be rolled back."
         )
-    for name in TABLES:
+    for name in TABLE_NAMES:
         if not lakehouse.exists(name):
             continue
         before = _parquet_files(lakehouse, name)

@@ -27,7 +27,6 @@ from dagster import (
     sensor,
 )
 
-from backfill_platform.assets.common import CUSTOMER_LTV, RAW_FX_RATES, RAW_ORDERS, STAGING_ORDERS
 from backfill_platform.automation.jobs import (
     AUDIT_MARKER,
     DOWNSTREAM_KEYS,
@@ -48,6 +47,7 @@ from backfill_platform.resources import LandingZoneResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+from backfill_platform.tables import CUSTOMER_LTV, RAW_FX_RATES, RAW_ORDERS, STAGING_ORDERS
 
 WINDOW_DAYS_ENV = "BACKFILL_LIVE_WINDOW_DAYS"
 AUTO_REPAIR_ENV = "BACKFILL_AUTO_REPAIR_STALE"

@@ -27,19 +27,19 @@ from datetime import date, datetime, timedelta
 from dagster import AssetKey, AssetsDefinition, DagsterInstance
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import (
-    CUSTOMER_LTV,
-    FCT_DAILY_REVENUE,
-    RAW_ORDERS,
-    STAGING_ORDERS,
-    STAGING_REJECTS,
-)
 from backfill_platform.assets.staging import known_currencies
 from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.runner import InProcessExecutor, run_work
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
 from backfill_platform.transforms.orders import with_unknown_currency
 
 REPAIR_COMMAND = "python -m backfill_platform.automation.staleness --repair"

@@ -17,7 +17,6 @@ from dagster import (
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import CUSTOMER_LTV, FCT_DAILY_REVENUE, STAGING_ORDERS
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
@@ -28,6 +27,7 @@ from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.settings import DRIFT_THRESHOLD, setting
+from backfill_platform.tables import TABLES
 
 CHECK_NAME = "drift_vs_previous_version"
 
@@ -160,17 +160,7 @@ def drift_check(
 
 
 drift_checks = [
-    drift_check(STAGING_ORDERS, "event_date", "order_id", ["amount"]),
-    drift_check(
-        FCT_DAILY_REVENUE,
-        "event_date",
-        "currency",
-        ["orders", "paid_orders", "revenue_local", "revenue_usd"],
-    ),
-    drift_check(
-        CUSTOMER_LTV,
-        "snapshot_date",
-        "customer_id",
-        ["lifetime_paid_orders", "lifetime_revenue_usd"],
-    ),
+    drift_check(t.key, t.partition_column, t.key_columns[0], list(t.measures))
+    for t in TABLES
+    if t.measures
 ]

@@ -20,7 +20,6 @@ from dagster import (
 )
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import STAGING_ORDERS
 from backfill_platform.checks.results import CheckOutcome, PartitionResult, run_partitions
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
@@ -31,6 +30,7 @@ from backfill_platform.settings import (
     CHECK_TRAILING_DAYS,
     setting,
 )
+from backfill_platform.tables import STAGING_ORDERS
 
 # Contract 1.1: every field but customer_id is required; event_date is derived from one.
 REQUIRED_COLUMNS = (

@@ -11,14 +11,6 @@ from datetime import timedelta
 from dagster import AssetCheckExecutionContext, AssetCheckResult, asset_check
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import (
-    CUSTOMER_LTV,
-    FCT_DAILY_REVENUE,
-    RAW_FX_RATES,
-    RAW_ORDERS,
-    STAGING_ORDERS,
-    STAGING_REJECTS,
-)
 from backfill_platform.assets.staging import known_currencies
 from backfill_platform.checks.results import (
     CheckOutcome,
@@ -30,6 +22,14 @@ from backfill_platform.partitions import daily_partitions
 from backfill_platform.reference import non_blank_lines
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.landing import ORDERS
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
 from backfill_platform.transforms.fx import REACH_DAYS, with_usd
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
 from backfill_platform.transforms.revenue import LOCAL_TYPE

@@ -18,7 +18,6 @@ from dagster import (
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import STAGING_ORDERS
 from backfill_platform.checks.results import CheckOutcome, PartitionResult, run_partitions
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
@@ -30,6 +29,7 @@ from backfill_platform.settings import (
     SKEW_WORKERS,
     setting,
 )
+from backfill_platform.tables import STAGING_ORDERS
 
 KEY = "customer_id"
 TOP_KEYS = 3

@@ -18,13 +18,13 @@ from urllib.parse import unquote, urlparse
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.common import RAW_FX_RATES, RAW_ORDERS
 from backfill_platform.lineage import Lineage, blast_radius, upstream_keys
 from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS
 
 LANDING_KIND = {RAW_ORDERS: ORDERS, RAW_FX_RATES: FX_RATES}
 ACTIVE_STATUSES = [

@@ -18,8 +18,8 @@ from dagster import AssetKey, AssetObservation, DagsterInstance
 
 from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.operations.rebuild import CUTOVER_TAG
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.tables import TABLE_NAMES
 
 ROLLBACK = "rollback"
 _USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -52,7 +52,7 @@ def find_cutover(lake: LakehouseResource, cutover_id: str | None) -> dict[str, d
     """Table -> the cutover commit (the newest cutover when no id is given)."""
     found: dict[str, dict] = {}
     newest = None
-    for table in TABLES:
+    for table in TABLE_NAMES:
         for commit in lake.history(table):
             meta = commit["metadata"]
             if meta.get("operation") != CUTOVER:

@@ -27,31 +27,15 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from backfill_platform.assets.common import (
-    CUSTOMER_LTV,
-    FCT_DAILY_REVENUE,
-    RAW_FX_RATES,
-    RAW_ORDERS,
-    STAGING_ORDERS,
-    STAGING_REJECTS,
-)
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.lakehouse import table_name
+from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, table
 
 VALIDATION_MARKER = "shadow_validation"
-# What identifies a row within a partition: distinct keys are counted on these.
-KEY_COLUMNS = {
-    RAW_ORDERS: ["file_name", "line_number"],
-    RAW_FX_RATES: ["file_name", "line_number"],
-    STAGING_ORDERS: ["order_id"],
-    STAGING_REJECTS: ["file_name", "line_number"],
-    FCT_DAILY_REVENUE: ["currency"],
-    CUSTOMER_LTV: ["customer_id"],
-}
 MARTS = (FCT_DAILY_REVENUE, CUSTOMER_LTV)
 
 
@@ -177,7 +161,7 @@ def compare_table(
     schema_matches = prod is None or {
         f.name: f.dataType for f in prod.schema.fields if f.name in _data_columns(prod)
     } == {f.name: f.dataType for f in shad.schema.fields if f.name in cols}
-    keys = [k for k in KEY_COLUMNS.get(key, []) if k in cols] or cols
+    keys = [k for k in table(key).key_columns if k in cols] or cols
     numeric = [c for c in cols if _numeric(shad, c) and c not in keys]
     shadow_stats = _per_partition(shad, column, keys, numeric)
     prod_stats = _per_partition(prod, column, keys, numeric) if prod is not None else {}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backfill_platform.reconcile import TABLES
 from backfill_platform.sources.generate import generate_landing
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.services import (
     DagsterServices,
     PostgresServer,
@@ -34,7 +34,7 @@ FIRST_DAY = date(2024, 1, 1)
 LAST_DAY = date(2024, 1, 3)
 ORDERS_PER_DAY = 12
 SEED = 11
-ALL_ASSETS = [name.split("/") for name in TABLES]
+ALL_ASSETS = [name.split("/") for name in TABLE_NAMES]
 # Generous: the machine is shared, each run starts a JVM, the backfill daemon ticks every 30 s.
 BACKFILL_TIMEOUT = 600
 

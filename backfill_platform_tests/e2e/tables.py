@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from backfill_platform.reconcile import TABLES
 from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.harness import spark_resource_for_tests
 
 
@@ -23,7 +23,7 @@ def partition_fingerprints(lake: LakehouseResource) -> dict[str, dict[str, tuple
     is the unit the one write path (`replace_range`) promises to replace atomically.
     """
     result: dict[str, dict[str, tuple[int, str]]] = {}
-    for name in TABLES:
+    for name in TABLE_NAMES:
         if not lake.exists(name):
             result[name] = {}
             continue

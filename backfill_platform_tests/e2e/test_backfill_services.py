@@ -6,8 +6,9 @@ import pytest
 from dagster import DagsterInstance
 
 from backfill_platform.definitions import all_assets, build_resources
-from backfill_platform.reconcile import TABLES, reconcile_marts, table_counts
+from backfill_platform.reconcile import reconcile_marts, table_counts
 from backfill_platform.runner import backfill
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.conftest import ALL_ASSETS, BACKFILL_TIMEOUT, FIRST_DAY, LAST_DAY
 from backfill_platform_tests.e2e.services import wait_for
 from backfill_platform_tests.e2e.tables import lakehouse_for, partition_fingerprints
@@ -68,7 +69,7 @@ def test_cancelled_backfill_leaves_no_torn_partition(deployment, first_backfill,
 
     after_cancel = partition_fingerprints(lake)
     # The Delta log of every table is readable and its latest version loads.
-    for name in TABLES:
+    for name in TABLE_NAMES:
         assert lake.delta_table(name).history().count() >= 1, name
         lake.read(name).count()
 
@@ -87,7 +88,7 @@ def test_cancelled_backfill_leaves_no_torn_partition(deployment, first_backfill,
     new = partition_fingerprints(scratch["lakehouse"])
 
     torn, cut_short, changed = [], [], []
-    for name in TABLES:
+    for name in TABLE_NAMES:
         for key in sorted(set(before[name]) | set(after_cancel[name]) | set(new[name])):
             old_state, mid, new_state = (s[name].get(key) for s in (before, after_cancel, new))
             if mid not in (old_state, new_state):

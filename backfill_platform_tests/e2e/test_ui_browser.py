@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_platform.reconcile import TABLES
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.browser import chromium
 from backfill_platform_tests.e2e.services import REPO_ROOT, SENSORS
 
@@ -49,7 +49,7 @@ def test_lineage_and_backfill_pages_render(deployment, first_backfill):
     ARTIFACTS.mkdir(exist_ok=True)
     dagster = deployment.dagster
     location = dagster.graphql(SENSORS)["repositoriesOrError"]["nodes"][0]["location"]["name"]
-    asset_names = [t.split("/")[1] for t in TABLES]
+    asset_names = [t.split("/")[1] for t in TABLE_NAMES]
 
     with chromium() as driver:
         # Global lineage: the three groups, in the sidebar tree and as graph nodes (with
@@ -72,7 +72,7 @@ def test_lineage_and_backfill_pages_render(deployment, first_backfill):
         text = open_page(
             driver,
             f"{dagster.url}/runs/b/{first_backfill.backfill_id}",
-            ["Succeeded", "2024-01-01", *(t.replace("/", " / ") for t in TABLES)],
+            ["Succeeded", "2024-01-01", *(t.replace("/", " / ") for t in TABLE_NAMES)],
         )
         driver.save_screenshot(str(ARTIFACTS / "backfill.png"))
-        assert text.count("100% completed") == len(TABLES), text
+        assert text.count("100% completed") == len(TABLE_NAMES), text

@@ -24,11 +24,12 @@ import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance
 
 from backfill_platform.definitions import all_assets, build_resources
-from backfill_platform.reconcile import TABLES, reconcile_marts
+from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.reference import compute_contract_answer
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.runner import materialize_range
 from backfill_platform.sources.generate import generate_landing
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.harness import spark_resource_for_tests
 from backfill_platform_tests.reliability.procs import REPO_ROOT, Worker, reap, spawn
 from backfill_platform_tests.reliability.worker import partition_fingerprints
@@ -83,14 +84,14 @@ def _locks_held(lakehouse: Path) -> list[str]:
 
 
 def _commit_count(lakehouse: Path) -> int:
-    return sum(len(list((lakehouse / t / "_delta_log").glob("*.json"))) for t in TABLES)
+    return sum(len(list((lakehouse / t / "_delta_log").glob("*.json"))) for t in TABLE_NAMES)
 
 
 def _data_files(lakehouse: Path) -> set[str]:
     """Parquet data files on disk (the log and its checkpoints excluded)."""
     return {
         str(f.relative_to(lakehouse))
-        for t in TABLES
+        for t in TABLE_NAMES
         for f in (lakehouse / t).rglob("*.parquet")
         if "_delta_log" not in f.parts
     }
@@ -100,7 +101,7 @@ def _uncommitted_files(lakehouse: Path) -> set[str]:
     """Data files no commit ever added: what a write killed before its commit leaves behind
     (invisible to readers, removable by VACUUM)."""
     added = set()
-    for t in TABLES:
+    for t in TABLE_NAMES:
         for log in (lakehouse / t / "_delta_log").glob("*.json"):
             for line in log.read_text().splitlines():
                 action = json.loads(line)
@@ -153,7 +154,7 @@ def _check(lake, tables, expected, allowed, stats, problems, label) -> dict[str,
 @pytest.mark.slow
 def test_killed_runs_leave_every_partition_old_or_new(tmp_path, spark, size, figures):
     cfg = SIZES[size]
-    tables = list(TABLES)
+    tables = list(TABLE_NAMES)
     rng = random.Random(SEED)
     landings = [tmp_path / "landing_a", tmp_path / "landing_b"]
     for seed, landing in enumerate(landings, start=1):

@@ -13,10 +13,11 @@ from datetime import date, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from backfill_platform.reconcile import TABLES, reconcile_marts
+from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.reference import compute_contract_answer
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.sources.generate import generate_landing
+from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.harness import order_line, spark_resource_for_tests
 from backfill_platform_tests.reliability.procs import reap, spawn
 
@@ -116,7 +117,7 @@ def test_live_window_and_history_backfill_side_by_side(tmp_path, spark, size, fi
         "duplicate_keys": 0,
         "unbuilt_days": 0,
     }
-    for table in TABLES:
+    for table in TABLE_NAMES:
         df = lake.read(table)
         total = df.count()
         distinct = df.select(*KEYS[table]).distinct().count()
