@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import chunked_backfill_policy, run_dates
-from backfill_platform.operations.preservation import SourcePreservationConfig, guard_source
+from backfill_platform.assets.preservation import SourcePreservationConfig, guard_source
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import (
     LakehouseResource,
@@ -43,7 +43,7 @@ def raw_orders(
 ) -> DataFrame:
     """Order lines of the run's ingest days, with parsed fields and a reject reason.
 
-    Refuses to replace raw by fewer lines than it holds (see operations/preservation.py).
+    Refuses to replace raw by fewer lines than it holds (see assets/preservation.py).
     """
     files = landing.files(ORDERS, context.partition_keys)
     lines = read_lines(spark.get_session(), files, "ingest_date")

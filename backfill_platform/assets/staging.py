@@ -31,6 +31,7 @@ from backfill_platform.tables import (
     STAGING_REJECTS,
     table,
 )
+from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import latest_wins, with_unknown_currency
 
 # Event day D is built from raw ingest days D .. D+N (late arrivals); all currency codes
@@ -85,20 +86,6 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
     )
     yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier())
     yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier())
-
-
-def known_currencies(lakehouse: LakehouseResource) -> list[str]:
-    """USD plus every currency with a valid rate anywhere in raw/fx_rates (contract 1.1)."""
-    if not lakehouse.exists(RAW_FX_RATES):
-        return ["USD"]
-    rows = (
-        lakehouse.read(RAW_FX_RATES)
-        .where(F.col("reject_reason").isNull())
-        .select("currency")
-        .distinct()
-        .collect()
-    )
-    return sorted({"USD", *(r["currency"] for r in rows)})
 
 
 def staging_rejects(rejected: DataFrame) -> DataFrame:

@@ -27,7 +27,6 @@ from datetime import date, datetime, timedelta
 from dagster import AssetKey, AssetsDefinition, DagsterInstance
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.staging import known_currencies
 from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.ranges import DayRange
@@ -40,6 +39,7 @@ from backfill_platform.tables import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
+from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import with_unknown_currency
 
 REPAIR_COMMAND = "python -m backfill_platform.automation.staleness --repair"

@@ -11,7 +11,6 @@ from datetime import timedelta
 from dagster import AssetCheckExecutionContext, AssetCheckResult, asset_check
 from pyspark.sql import functions as F
 
-from backfill_platform.assets.staging import known_currencies
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
@@ -19,7 +18,6 @@ from backfill_platform.checks.results import (
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
-from backfill_platform.reference import non_blank_lines
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.landing import ORDERS
 from backfill_platform.tables import (
@@ -30,7 +28,7 @@ from backfill_platform.tables import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform.transforms.fx import REACH_DAYS, with_usd
+from backfill_platform.transforms.fx import REACH_DAYS, known_currencies, with_usd
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
 from backfill_platform.transforms.revenue import LOCAL_TYPE
 
@@ -59,7 +57,7 @@ def raw_rows_match_landing(
     """
     run = run_partitions(context)
     expected = {
-        day: sum(non_blank_lines(p) for p in landing.files(ORDERS, [day])) for day in run.keys
+        day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day])) for day in run.keys
     }
     stats = {}
     if lakehouse.exists(RAW_ORDERS):

@@ -70,7 +70,7 @@ class DeltaIOManager(ConfigurableIOManager):
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:
     """Who wrote the commit and with which code (the lakehouse adds the partition range).
 
-    A deliberate source purge (operations/preservation.py) is recorded on the commit too.
+    A deliberate source purge (assets/preservation.py) is recorded on the commit too.
     """
     purge = (context.output_metadata or {}).get(SOURCE_PURGE)
     return {

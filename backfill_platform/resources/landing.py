@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import date
 from pathlib import Path
 
 from dagster import ConfigurableResource
@@ -35,6 +36,16 @@ class LandingZoneResource(ConfigurableResource):
                 )
         return found
 
+    def record_count(self, path: Path) -> int:
+        """Lines of a landing file that count as records (contract 1.1): a leading UTF-8 BOM
+        and one trailing CR per line aside, lines of only spaces and tabs are not records."""
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+        return sum(
+            1
+            for line in data.split(b"\n")
+            if (line[:-1] if line.endswith(b"\r") else line).strip(b" \t")
+        )
+
     def delivered_days(self, kind: str) -> list[str]:
         """Day folders present for `kind` whose name is a real date (others are not deliveries)."""
         root = Path(self.landing_dir) / kind
@@ -51,8 +62,6 @@ class LandingZoneResource(ConfigurableResource):
 
 
 def _is_iso_date(text: str) -> bool:
-    from datetime import date
-
     try:
         return date.fromisoformat(text).isoformat() == text
     except ValueError:

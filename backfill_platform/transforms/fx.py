@@ -6,6 +6,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.tables import RAW_FX_RATES
+
 HEADER = "currency,usd_per_unit"
 RATE_TYPE = "decimal(18,8)"
 # amount DECIMAL(18,2) x rate DECIMAL(18,8) is DECIMAL(37,10): exact, no rounding anywhere.
@@ -141,3 +144,17 @@ def _per_file():
     from pyspark.sql import Window
 
     return Window.partitionBy("_source_path")
+
+
+def known_currencies(lakehouse: LakehouseResource) -> list[str]:
+    """USD plus every currency with a valid rate anywhere in raw/fx_rates (contract 1.1)."""
+    if not lakehouse.exists(RAW_FX_RATES):
+        return ["USD"]
+    rows = (
+        lakehouse.read(RAW_FX_RATES)
+        .where(F.col("reject_reason").isNull())
+        .select("currency")
+        .distinct()
+        .collect()
+    )
+    return sorted({"USD", *(r["currency"] for r in rows)})

@@ -119,7 +119,7 @@ def kill_target(args: dict[str, Any]) -> None:
     landings = [build_resources(p, args["lakehouse"], spark=spark) for p in args["landings"]]
     instance = DagsterInstance.ephemeral()
     # The two landing zones differ, so raw shrinks every other iteration: a deliberate purge
-    # for the raw assets' source-preservation guard (operations/preservation.py).
+    # for the raw assets' source-preservation guard (assets/preservation.py).
     purge = {"config": {"allow_source_purge": True, "purge_reason": "kill trials alternate"}}
     selected = args.get("selection") or ["raw/orders", "raw/fx_rates"]
     run_config = {"ops": {n.replace("/", "__"): purge for n in selected if n.startswith("raw/")}}
