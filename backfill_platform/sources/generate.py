@@ -12,7 +12,6 @@ import random
 import shutil
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -37,13 +36,6 @@ MALFORMED_KINDS = (
     "non_numeric_amount",
     "unknown_currency",
 )
-
-
-@dataclass
-class _Delivery:
-    ingest_day: date
-    text: str
-    late_days: int
 
 
 def _timestamp(moment: datetime, rng: random.Random) -> str:

@@ -1,0 +1,129 @@
+"""The range type, the graph's stages and the one chunked-run loop."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from backfill_platform.definitions import all_assets
+from backfill_platform.lineage import Lineage
+from backfill_platform.ranges import DayRange, InvalidRange, keys_in_window, ranges_of
+from backfill_platform.runner import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    TRIGGER_TAG,
+    InProcessExecutor,
+    plan_work,
+    run_work,
+)
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
+from backfill_platform_tests.harness import order_line
+
+LINEAGE = Lineage(all_assets)
+
+
+def test_day_range_converts_inclusive_keys_to_half_open_dates_across_months():
+    days = DayRange("2024-01-30", "2024-02-02")
+    assert (days.start, days.end) == (date(2024, 1, 30), date(2024, 2, 3))
+    assert days.partition_keys() == ["2024-01-30", "2024-01-31", "2024-02-01", "2024-02-02"]
+    assert DayRange.of_dates(days.start, days.end) == days
+    assert keys_in_window(days.start, days.end) == days.partition_keys()
+    assert [str(c) for c in days.chunks(3)] == ["2024-01-30..2024-02-01", "2024-02-02..2024-02-02"]
+    assert DayRange.parse(str(days)) == days and DayRange.parse("2024-02-29").end == date(
+        2024, 3, 1
+    )
+    assert "2024-01-31" in days and date(2024, 2, 3) not in days
+
+
+def test_day_range_refuses_reversed_malformed_and_out_of_partition_ranges():
+    with pytest.raises(InvalidRange, match="--start 2024-02-02 is after --end 2024-01-30"):
+        DayRange("2024-02-02", "2024-01-30")
+    with pytest.raises(InvalidRange, match="--end '2024-13-01'"):
+        DayRange("2024-01-01", "2024-13-01")
+    with pytest.raises(InvalidRange, match="before the first daily partition"):
+        DayRange("2023-12-30", "2024-01-02").partition_keys()
+    with pytest.raises(InvalidRange, match="outside the daily partitions"):
+        DayRange("2023-12-30", "2024-01-02").check_within_partitions()
+
+
+def test_ranges_of_groups_consecutive_days_from_dagster_subsets():
+    keys = ["2024-01-05", "2024-01-01", "2024-01-02", "2024-01-31", "2024-02-01", "2024-01-02"]
+    assert [str(r) for r in ranges_of(keys)] == [
+        "2024-01-01..2024-01-02",
+        "2024-01-05..2024-01-05",
+        "2024-01-31..2024-02-01",
+    ]
+    assert ranges_of([]) == []
+
+
+def test_stages_put_raw_first_because_staging_reads_later_ingest_days():
+    assert LINEAGE.stages(LINEAGE.toposorted()) == [
+        [RAW_FX_RATES, RAW_ORDERS],
+        [STAGING_ORDERS, STAGING_REJECTS, CUSTOMER_LTV, FCT_DAILY_REVENUE],
+    ]
+    # Selecting one output of the staging multi-asset brings its sibling along.
+    assert LINEAGE.stages([STAGING_REJECTS]) == [[STAGING_ORDERS, STAGING_REJECTS]]
+
+
+def test_plan_runs_each_stage_over_the_whole_range_then_chunks_the_next():
+    keys = DayRange("2024-01-01", "2024-01-05").partition_keys()
+    plan = plan_work(LINEAGE, {k: keys for k in LINEAGE.toposorted()}, per_run=2)
+    assert [(len(s.keys), str(s.days)) for s in plan] == [
+        (2, "2024-01-01..2024-01-02"),
+        (2, "2024-01-03..2024-01-04"),
+        (2, "2024-01-05..2024-01-05"),
+        (4, "2024-01-01..2024-01-02"),
+        (4, "2024-01-03..2024-01-04"),
+        (4, "2024-01-05..2024-01-05"),
+    ]
+
+
+def test_plan_gives_each_asset_exactly_its_days_in_graph_order():
+    stale = {"2024-01-03", "2024-01-04", "2024-01-09"}
+    work = {
+        STAGING_ORDERS: stale,
+        STAGING_REJECTS: stale,
+        FCT_DAILY_REVENUE: stale,
+        CUSTOMER_LTV: set(DayRange("2024-01-03", "2024-01-12").partition_keys()),
+    }
+    plan = plan_work(LINEAGE, work, per_run=31)
+    assert [(s.assets, str(s.days)) for s in plan] == [
+        (
+            ["staging/orders", "staging/orders_rejects", "marts/fct_daily_revenue"],
+            "2024-01-03..2024-01-04",
+        ),
+        (
+            ["staging/orders", "staging/orders_rejects", "marts/fct_daily_revenue"],
+            "2024-01-09..2024-01-09",
+        ),
+        (["marts/customer_ltv"], "2024-01-03..2024-01-12"),
+    ]
+
+
+def test_a_failed_run_stops_the_plan_and_nothing_after_it_runs(platform):
+    """LTV from day 5 without a day-4 snapshot fails (it never restarts everyone at zero):
+    the runner stops there, reports the runs it did not start and raises nothing."""
+    for day in range(1, 9):
+        key = f"2024-01-0{day}"
+        platform.write_rates(key, {"EUR": "1.10"})
+        platform.write_orders(key, [order_line(f"o{day}", f"{key}T10:00:00Z")])
+    platform.materialize("2024-01-01", "2024-01-08", ["raw/orders", "raw/fx_rates"])
+    platform.materialize("2024-01-01", "2024-01-08", ["staging/orders", "staging/orders_rejects"])
+    executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
+    work = {CUSTOMER_LTV: set(DayRange("2024-01-05", "2024-01-08").partition_keys())}
+    report = run_work(executor, LINEAGE, work, trigger="test", per_run=2)
+    assert [r.success for r in report.runs] == [False]
+    assert [str(s.days) for s in report.not_run] == ["2024-01-07..2024-01-08"]
+    assert not report.success
+    run = platform.instance.get_run_by_id(report.runs[0].run_id)
+    assert run.tags[TRIGGER_TAG] == "test"
+    assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == ("2024-01-05", "2024-01-06")
+    assert not platform.resources["lakehouse"].exists(CUSTOMER_LTV)
