@@ -27,12 +27,11 @@ from dagster import (
     sensor,
 )
 
-from backfill_platform.automation.jobs import (
+from backfill_platform.automation.live_jobs import (
     AUDIT_MARKER,
     DOWNSTREAM_KEYS,
     RAW_KEYS,
     REACTS_TO_TAG,
-    TRIGGER_TAG,
     raw_ingest_job,
     repair_ltv_job,
     repair_staging_job,
@@ -45,7 +44,7 @@ from backfill_platform.checks.results import failed_partitions_by_check
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LandingZoneResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, TRIGGER_TAG
 from backfill_platform.settings import PARTITIONS_PER_RUN, setting
 from backfill_platform.tables import CUSTOMER_LTV, RAW_FX_RATES, RAW_ORDERS, STAGING_ORDERS
 
