@@ -26,12 +26,11 @@ from dagster import (
 
 from backfill_platform import cli
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
+from backfill_platform.automation.landing_sensor import landing_sensor
 from backfill_platform.automation.schedules import daily_live_schedule
-from backfill_platform.automation.sensors import (
+from backfill_platform.automation.stale_sensor import (
     AUTO_REPAIR_ENV,
-    landing_sensor,
     latest_audit,
-    rolling_window_sensor,
     stale_partitions_sensor,
 )
 from backfill_platform.automation.staleness import (
@@ -41,6 +40,7 @@ from backfill_platform.automation.staleness import (
     StalenessReport,
 )
 from backfill_platform.automation.staleness import consecutive_spans as contiguous
+from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, RangeRun, RunReport
