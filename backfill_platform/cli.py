@@ -8,6 +8,7 @@
     rollback      every table of a cutover restored to its version before it
     decommission  drop a shadow and VACUUM old files once the retention window has passed
     history       per-partition commit log: run, code version, operation, reason
+    stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
 
 Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance.
 Every command prints human-readable text, or JSON with --json; exit status 1 on refusal.
@@ -19,10 +20,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from dagster import DagsterInstance
 
+from backfill_platform.automation.stale_repair import run_repair
+from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import (
@@ -90,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         help="window after the cutover (default BACKFILL_SHADOW_RETENTION_HOURS, 168)",
     )
     command("history", "per-partition commit log")
+    p = command("stale", "partitions built before late rows arrived", ranged=False)
+    p.add_argument("--repair", action="store_true", help="run the targeted backfill in process")
     return parser
 
 
@@ -247,7 +253,33 @@ def run(args) -> tuple[int, Any, str]:
             for e in entries
         ]
         return 0, entries, "\n".join(lines) or "no commits in range"
+
+    if args.command == "stale":
+        return _stale(s, args.repair)
     raise AssertionError(args.command)
+
+
+def _stale(s: Session, repair: bool) -> tuple[int, Any, str]:
+    """The staleness report; exit 1 while stale partitions remain unrepaired."""
+    report = detect(s.lake)
+    payload: dict[str, Any] = report.metadata()
+    lines = [report.summary()] + [f"  {step.describe()}" for step in report.plan()]
+    if not report.stale:
+        return 0, payload, "\n".join(lines)
+    if not repair:
+        lines.append(f"Run `{REPAIR_COMMAND}` to rebuild them in this order.")
+        return 1, payload, "\n".join(lines)
+    runs = run_repair(report.plan(), s.assets, s.resources, s.instance)
+    payload["repair_runs"] = [asdict(r) for r in runs.runs]
+    payload["repair_not_run"] = [f"{','.join(spec.assets)} {spec.days}" for spec in runs.not_run]
+    lines += [
+        f"  repaired {','.join(r.assets)} {r.first_key}..{r.last_key}: "
+        f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
+        for r in runs.runs
+    ]
+    if not runs.success:
+        lines.append(f"  {len(runs.not_run)} later run(s) not started; fix and run again")
+    return (0 if runs.success else 1), payload, "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dagster import (
@@ -23,13 +24,13 @@ from dagster import (
     in_process_executor,
 )
 
+from backfill_platform import cli
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
+from backfill_platform.automation.landing_sensor import landing_sensor
 from backfill_platform.automation.schedules import daily_live_schedule
-from backfill_platform.automation.sensors import (
+from backfill_platform.automation.stale_sensor import (
     AUTO_REPAIR_ENV,
-    landing_sensor,
     latest_audit,
-    rolling_window_sensor,
     stale_partitions_sensor,
 )
 from backfill_platform.automation.staleness import (
@@ -37,11 +38,12 @@ from backfill_platform.automation.staleness import (
     STAGING_STEP,
     RepairStep,
     StalenessReport,
-    contiguous,
 )
+from backfill_platform.automation.staleness import consecutive_spans as contiguous
+from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, RangeRun, RunReport
 from backfill_platform.tables import CUSTOMER_LTV, RAW_ORDERS, STAGING_ORDERS
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
@@ -161,6 +163,37 @@ def test_repair_plan_rebuilds_exactly_the_stale_days_then_ltv_to_the_newest_snap
     only_ltv = StalenessReport(ltv_from=d("2024-01-09"), ltv_through=d("2024-01-14"))
     assert only_ltv.plan() == [RepairStep(LTV_STEP, d("2024-01-09"), d("2024-01-14"))]
     assert report.metadata()["stale_rows"] == 4 and not StalenessReport().stale
+
+
+def test_stale_command_reports_exits_1_until_repaired_and_repairs_through_the_runner(
+    monkeypatch, capsys
+):
+    """No Spark here: detection and the runner are replaced; the command's wiring is tested."""
+    d = date.fromisoformat
+    report = StalenessReport(staging={d("2024-01-04"): 1}, ltv_through=d("2024-01-05"))
+    monkeypatch.setattr(
+        cli, "Session", lambda: SimpleNamespace(lake=None, assets=[], resources={}, instance=None)
+    )
+    monkeypatch.setattr(cli, "detect", lambda lake: report)
+    assert cli.main(["stale"]) == 1
+    out = capsys.readouterr().out
+    assert "staging/orders stale on 2024-01-04 (+1 rows)" in out
+    assert "backfill-platform stale --repair" in out
+
+    steps = []
+
+    def run_repair(plan, assets, resources, instance):
+        steps.extend(plan)
+        return RunReport(
+            runs=[RangeRun("2024-01-04", "2024-01-04", "r1", True, ("staging/orders",))]
+        )
+
+    monkeypatch.setattr(cli, "run_repair", run_repair)
+    assert cli.main(["stale", "--repair", "--json"]) == 0
+    assert steps == report.plan()
+    assert '"run_id": "r1"' in capsys.readouterr().out
+    monkeypatch.setattr(cli, "detect", lambda lake: StalenessReport())
+    assert cli.main(["stale"]) == 0
 
 
 def test_landing_sensor_requests_each_delivery_once_and_a_changed_day_again(tmp_path):

@@ -401,7 +401,7 @@ class Bench:
     def _warm_window(self, resources, instance, first: str, last: str) -> bool:
         from dagster import AssetSelection
 
-        from backfill_platform.automation.jobs import DOWNSTREAM_KEYS, RAW_KEYS
+        from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, RAW_KEYS
         from backfill_platform.definitions import all_assets
         from backfill_platform.runner import materialize_range
 

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dagster import AssetSelection, DagsterInstance
 
-    from backfill_platform.automation.jobs import DOWNSTREAM_KEYS, RAW_KEYS
+    from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, RAW_KEYS
     from backfill_platform.definitions import all_assets, build_resources
     from backfill_platform.runner import materialize_range
 

@@ -1,6 +1,6 @@
 """The live path: daily schedule, landing and rolling-window sensors, staleness repair."""
 
-from backfill_platform.automation.jobs import all_jobs
+from backfill_platform.automation.live_jobs import all_jobs
 from backfill_platform.automation.schedules import all_schedules
 from backfill_platform.automation.sensors import all_sensors
 

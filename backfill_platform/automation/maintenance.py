@@ -10,7 +10,6 @@ never shorter than the shadow retention, so a cutover can still be rolled back i
 from pathlib import Path
 
 from dagster import (
-    AssetKey,
     AssetObservation,
     Config,
     DefaultScheduleStatus,
@@ -24,7 +23,7 @@ from pydantic import Field
 
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, VACUUM_RETENTION_HOURS, setting
-from backfill_platform.tables import TABLE_NAMES
+from backfill_platform.tables import TABLES
 
 
 class VacuumConfig(Config):
@@ -50,7 +49,8 @@ def vacuum_lakehouse(
             f"VACUUM retention {retention:g} h is shorter than the shadow retention "
             f"({floor:g} h): a cutover inside that window could no longer be rolled back."
         )
-    for name in TABLE_NAMES:
+    for registered in TABLES:
+        name = registered.name
         if not lakehouse.exists(name):
             continue
         before = _parquet_files(lakehouse, name)
@@ -58,7 +58,7 @@ def vacuum_lakehouse(
         after = _parquet_files(lakehouse, name)
         context.log_event(
             AssetObservation(
-                asset_key=AssetKey(name.split("/")),
+                asset_key=registered.key,
                 metadata={
                     "vacuum_retention_hours": retention,
                     "vacuum_files_deleted": before - after,

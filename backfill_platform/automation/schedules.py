@@ -2,8 +2,9 @@
 
 from dagster import DefaultScheduleStatus, build_schedule_from_partitioned_job
 
-from backfill_platform.automation.jobs import TRIGGER_TAG, live_day_job
+from backfill_platform.automation.live_jobs import live_day_job
 from backfill_platform.automation.maintenance import weekly_vacuum_schedule
+from backfill_platform.runner import TRIGGER_TAG
 
 # 02:00 UTC gives late-evening deliveries of the previous UTC day two hours to land. The
 # partitions are UTC days, so the schedule fills the partition that ended at 00:00 UTC.

@@ -12,37 +12,34 @@ A partition is stale when what it was built from has changed since:
 Build times come from the Delta log (every commit carries its partition range), not from
 Dagster's event log, because the table is the truth about which commit wrote a partition.
 
-Run `python -m backfill_platform.automation.staleness` to print the report, `--repair` to run
-the targeted backfill in order (staging and daily revenue of the stale days, then LTV).
+This module finds and reports; `stale_repair` runs the repair in process, the staleness
+sensor requests it from the daemon. `backfill-platform stale` prints the report, `--repair`
+runs the targeted backfill in order (staging and daily revenue of the stale days, then LTV).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 
-from dagster import AssetKey, AssetsDefinition, DagsterInstance
 from pyspark.sql import functions as F
 
-from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import commit_partition_keys
-from backfill_platform.ranges import DayRange
+from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.runner import InProcessExecutor, run_work
 from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
+    table,
 )
 from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import with_unknown_currency
 
-REPAIR_COMMAND = "python -m backfill_platform.automation.staleness --repair"
+REPAIR_COMMAND = "backfill-platform stale --repair"
 STAGING_STEP = "staging+fct"
 LTV_STEP = "customer_ltv"
 
@@ -60,6 +57,10 @@ class RepairStep:
         if self.kind == STAGING_STEP:
             return (STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE)
         return (CUSTOMER_LTV,)
+
+    @property
+    def days(self) -> DayRange:
+        return DayRange.of_days(self.first, self.last)
 
     def describe(self) -> str:
         return f"{self.kind} {self.first}..{self.last}"
@@ -89,7 +90,7 @@ class StalenessReport:
         """
         excluded = set(exclude)
         days = [d for d in self.stale_days() if d not in excluded]
-        steps = [RepairStep(STAGING_STEP, a, b) for a, b in contiguous(days)]
+        steps = [RepairStep(STAGING_STEP, a, b) for a, b in consecutive_spans(days)]
         ltv_start = min([*days, *([self.ltv_from] if self.ltv_from else [])], default=None)
         if ltv_start and self.ltv_through and ltv_start <= self.ltv_through:
             steps.append(RepairStep(LTV_STEP, ltv_start, self.ltv_through))
@@ -138,23 +139,17 @@ def _iso(day: date | None) -> str | None:
     return day.isoformat() if day else None
 
 
-def contiguous(days: Sequence[date]) -> list[tuple[date, date]]:
-    """Sorted days grouped into inclusive (first, last) runs of consecutive days."""
-    groups: list[tuple[date, date]] = []
-    for day in sorted(days):
-        if groups and day == groups[-1][1] + timedelta(days=1):
-            groups[-1] = (groups[-1][0], day)
-        else:
-            groups.append((day, day))
-    return groups
+def consecutive_spans(days: Iterable[date]) -> list[tuple[date, date]]:
+    """Days grouped into inclusive (first, last) runs of consecutive days, oldest first."""
+    return [(span.first_day, span.last_day) for span in ranges_of(days)]
 
 
 def last_built(lakehouse: LakehouseResource, key) -> dict[date, datetime]:
     """Event day -> time of the newest Delta commit that wrote its partition."""
     built: dict[date, datetime] = {}
     for commit in lakehouse.history(key):  # newest first
-        for key in commit_partition_keys(commit["metadata"]):
-            built.setdefault(date.fromisoformat(key), commit["timestamp"])
+        for day in commit_partition_keys(commit["metadata"]):
+            built.setdefault(date.fromisoformat(day), commit["timestamp"])
     return built
 
 
@@ -164,15 +159,17 @@ def detect(lakehouse: LakehouseResource) -> StalenessReport:
     if not lakehouse.exists(STAGING_ORDERS) or not lakehouse.exists(RAW_ORDERS):
         return report
     staging_built = last_built(lakehouse, STAGING_ORDERS)
+    # Staging partitions on the event day raw rows carry, under the same column name.
+    event_day = table(STAGING_ORDERS).partition_column
     raw = lakehouse.read(RAW_ORDERS).where(F.col("reject_reason").isNull())
     valid = with_unknown_currency(raw, known_currencies(lakehouse)).where(
         F.col("reject_reason").isNull()
     )
-    raw_rows = {r[0]: r[1] for r in valid.groupBy("event_date").count().collect()}
+    raw_rows = {r[0]: r[1] for r in valid.groupBy(event_day).count().collect()}
     staged_rows = {
         r[0]: int(r[1])
         for r in lakehouse.read(STAGING_ORDERS)
-        .groupBy("event_date")
+        .groupBy(event_day)
         .agg(F.sum("raw_versions"))
         .collect()
     }
@@ -189,57 +186,24 @@ def detect(lakehouse: LakehouseResource) -> StalenessReport:
     ltv_built = last_built(lakehouse, CUSTOMER_LTV)
     if ltv_built:
         report.ltv_through = max(ltv_built)
-        for day in sorted(ltv_built):
-            before = ltv_built.get(day - timedelta(days=1))
-            if (day in staging_built and ltv_built[day] < staging_built[day]) or (
-                before and ltv_built[day] < before
-            ):
-                report.ltv_from = day
-                break
+        report.ltv_from = _first_stale_snapshot(ltv_built, staging_built)
     return report
 
 
-def repair_work(steps: Sequence[RepairStep]) -> dict[AssetKey, set[str]]:
-    """The repair plan as runner work: each step's assets over its days."""
-    work: dict[AssetKey, set[str]] = {}
-    for step in steps:
-        days = DayRange.of_days(step.first, step.last).partition_keys()
-        for key in step.keys:
-            work.setdefault(key, set()).update(days)
-    return work
+def _first_stale_snapshot(
+    ltv_built: Mapping[date, datetime], staging_built: Mapping[date, datetime]
+) -> date | None:
+    """The oldest snapshot built before its staging day or before the day before's snapshot.
 
-
-def run_plan(
-    steps: Sequence[RepairStep],
-    assets: Sequence[AssetsDefinition],
-    resources,
-    instance: DagsterInstance,
-) -> list[str]:
-    """Execute the targeted backfill through the runner; returns run ids."""
-    report = run_work(
-        InProcessExecutor(assets, resources, instance),
-        Lineage(assets),
-        repair_work(steps),
-        trigger="stale-repair-cli",
-    )
-    return report.raise_for_failure().run_ids
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repair", action="store_true", help="run the targeted backfill")
-    args = parser.parse_args(argv)
-
-    from backfill_platform.definitions import all_assets, build_resources
-
-    resources = build_resources()
-    report = detect(resources["lakehouse"])
-    print(json.dumps(report.metadata(), indent=2, default=str))
-    if args.repair and report.stale:
-        for run_id in run_plan(report.plan(), all_assets, resources, DagsterInstance.get()):
-            print(f"run {run_id} succeeded")
-    return 1 if report.stale and not args.repair else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    Only a built previous day counts: a run of consecutive snapshots starts fresh after a gap.
+    """
+    for span in ranges_of(ltv_built):
+        previous = None
+        for day in span.days():
+            built = ltv_built[day]
+            if (day in staging_built and built < staging_built[day]) or (
+                previous and built < previous
+            ):
+                return day
+            previous = built
+    return None

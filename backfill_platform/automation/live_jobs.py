@@ -9,21 +9,20 @@ from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
-    RAW_FX_RATES,
-    RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
+    tables_in,
 )
 
 # Marks the observation on staging/orders that carries a staleness audit's report.
 AUDIT_MARKER = "staleness_audit"
 
-# Every run the live path launches says why, so sensors can tell live runs from backfills.
-TRIGGER_TAG = "backfill_platform/trigger"
+# What raw data a window run reacts to (the trigger tag itself is runner.TRIGGER_TAG).
 REACTS_TO_TAG = "backfill_platform/reacts_to"
 
-RAW_KEYS = (RAW_ORDERS, RAW_FX_RATES)
-DOWNSTREAM_KEYS = (STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE, CUSTOMER_LTV)
+# From the registry, so a table added to a layer joins its live jobs.
+RAW_KEYS = tuple(t.key for t in tables_in(["raw"]))
+DOWNSTREAM_KEYS = tuple(t.key for t in tables_in(["staging", "marts"]))
 
 raw_ingest_job = define_asset_job(
     "raw_ingest_job",

@@ -1,0 +1,103 @@
+"""The landing sensor: one raw ingestion run per new or changed delivery.
+
+Spark-free: it lists the landing zone and reads the instance; raw ingestion itself runs in
+the requested `raw_ingest_job` runs.
+"""
+
+import hashlib
+import json
+
+from dagster import (
+    AssetRecordsFilter,
+    DagsterInstance,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from backfill_platform.automation.live_jobs import raw_ingest_job
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import ranges_of
+from backfill_platform.resources import LandingZoneResource
+from backfill_platform.resources.landing import FX_RATES, ORDERS
+from backfill_platform.runner import TRIGGER_TAG, range_tags
+from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS
+
+# Each raw table and the kind of landing delivery it ingests.
+DELIVERIES = ((RAW_ORDERS, ORDERS), (RAW_FX_RATES, FX_RATES))
+
+
+def delivery_fingerprints(landing: LandingZoneResource) -> dict[str, str]:
+    """Ingest day -> hash of its files (kind, name, size, mtime) for both kinds of delivery."""
+    first = daily_partitions.start.date().isoformat()
+    last = daily_partitions.get_last_partition_key()
+    days = sorted(set(landing.delivered_days(ORDERS)) | set(landing.delivered_days(FX_RATES)))
+    fingerprints = {}
+    for day in days:
+        if not (first <= day <= (last or "")):
+            continue  # not a partition yet (today) or before the start: picked up later
+        entries = []
+        for kind in (ORDERS, FX_RATES):
+            for path in landing.files(kind, [day]):
+                stat = path.stat()
+                entries.append(f"{kind}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+        if entries:
+            fingerprints[day] = hashlib.sha1("\n".join(entries).encode()).hexdigest()[:16]
+    return fingerprints
+
+
+def already_ingested(instance: DagsterInstance, landing: LandingZoneResource, day: str) -> bool:
+    """Whether a raw run that started after the day's newest file materialized that day."""
+    for key, kind in DELIVERIES:
+        files = landing.files(kind, [day])
+        if not files:
+            continue
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1
+        ).records
+        if not records:
+            return False
+        run = instance.get_run_record_by_id(records[0].run_id)
+        newest = max(p.stat().st_mtime for p in files)
+        if run is None or run.start_time is None or run.start_time <= newest:
+            return False
+    return True
+
+
+@sensor(
+    job=raw_ingest_job,
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Requests raw ingestion of new or changed landing days (one run per delivery).",
+)
+def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResource):
+    """The cursor holds each day's delivery fingerprint; the run key repeats it, so the same
+    delivery is never requested twice even if the cursor were lost. On the first tick, days
+    a raw run already ingested after their last file landed are taken as they are."""
+    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    current = delivery_fingerprints(landing)
+    changed = [d for d, fp in current.items() if seen.get(d) != fp]
+    if context.cursor is None:
+        changed = [d for d in changed if not already_ingested(context.instance, landing, d)]
+    per_run = int(setting(PARTITIONS_PER_RUN))
+    requests = []
+    for days in (chunk for span in ranges_of(changed) for chunk in span.chunks(per_run)):
+        keys = days.partition_keys()
+        delivery = hashlib.sha1("|".join(f"{d}={current[d]}" for d in keys).encode()).hexdigest()
+        requests.append(
+            RunRequest(
+                run_key=f"landing:{days}:{delivery[:16]}",
+                tags={**range_tags(days), TRIGGER_TAG: "landing"},
+            )
+        )
+    if not requests:
+        return SensorResult(
+            skip_reason=SkipReason(f"no new or changed deliveries in {len(current)} days"),
+            cursor=json.dumps(current, sort_keys=True),
+        )
+    context.log.info(f"requesting raw ingestion of {changed}")
+    return SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))

@@ -1,0 +1,147 @@
+"""The staleness sensor: audits built partitions for late rows beyond the window, reports
+them and, with auto repair on, requests the targeted backfill.
+
+Spark-free: the scan runs in `staleness_audit_job` runs this sensor requests; the sensor
+reads their reports (observations on staging/orders) and the runs in progress.
+"""
+
+import time
+
+from dagster import (
+    DagsterInstance,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from backfill_platform.automation.active_runs import active_runs, blocked_days
+from backfill_platform.automation.live_jobs import (
+    AUDIT_MARKER,
+    DOWNSTREAM_KEYS,
+    RAW_KEYS,
+    repair_ltv_job,
+    repair_staging_job,
+    staleness_audit_job,
+)
+from backfill_platform.automation.staleness import REPAIR_COMMAND, STAGING_STEP, StalenessReport
+from backfill_platform.automation.window_sensor import live_window
+from backfill_platform.runner import TRIGGER_TAG, range_tags
+from backfill_platform.settings import AUTO_REPAIR_STALE, STALENESS_AUDIT_SECONDS, setting
+from backfill_platform.tables import STAGING_ORDERS
+
+AUTO_REPAIR_ENV = AUTO_REPAIR_STALE.env_var_name
+# The trigger of the repair runs this sensor requests; it waits while any is active.
+REPAIR_TRIGGER = "stale-repair"
+
+
+def auto_repair() -> bool:
+    """BACKFILL_AUTO_REPAIR_STALE, read per tick."""
+    return setting(AUTO_REPAIR_STALE).strip().lower() in {"1", "true", "yes"}
+
+
+def audit_interval_seconds() -> int:
+    """How long a clean audit stands before changes trigger a new one (default 30 min)."""
+    return int(setting(STALENESS_AUDIT_SECONDS))
+
+
+def latest_write(instance: DagsterInstance) -> int:
+    """Storage id of the newest materialization of any lakehouse table (0 if none)."""
+    newest = 0
+    for key in (*RAW_KEYS, *DOWNSTREAM_KEYS):
+        records = instance.fetch_materializations(key, limit=1).records
+        if records:
+            newest = max(newest, records[0].storage_id)
+    return newest
+
+
+def latest_audit(instance: DagsterInstance):
+    """The newest staleness audit observation on staging/orders, or None."""
+    for record in instance.fetch_observations(STAGING_ORDERS, limit=20).records:
+        observation = record.asset_observation
+        if observation and AUDIT_MARKER in observation.metadata:
+            return record
+    return None
+
+
+@sensor(
+    jobs=[staleness_audit_job, repair_staging_job, repair_ltv_job],
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Audits built partitions for late rows beyond the window and offers repair.",
+)
+def stale_partitions_sensor(context: SensorEvaluationContext):
+    """When tables changed since the last audit it requests a new audit (at most every
+    BACKFILL_STALENESS_AUDIT_SECONDS while nothing is stale). It acts only on an audit newer
+    than every write: it reports the stale days with counts on every tick (the audit's
+    observation on staging/orders holds them too), and with BACKFILL_AUTO_REPAIR_STALE=true
+    requests the targeted backfill: first the stale staging/fct ranges, then, after the next
+    audit sees them rebuilt, customer_ltv from the first stale snapshot on, so LTV never
+    reads staging that is still being rewritten.
+    """
+    instance = context.instance
+    changed = latest_write(instance)
+    if not changed:
+        return SkipReason("no lakehouse table has been written yet")
+    audit = latest_audit(instance)
+    report = (
+        StalenessReport.from_metadata(
+            {k: v.value for k, v in audit.asset_observation.metadata.items()}
+        )
+        if audit
+        else None
+    )
+    if audit is None or audit.storage_id < changed:
+        busy = active_runs(instance, job_name=staleness_audit_job.name) + active_runs(
+            instance, tags={TRIGGER_TAG: REPAIR_TRIGGER}
+        )
+        if busy:
+            return SkipReason(f"waiting for run(s) {busy}")
+        age = time.time() - audit.timestamp if audit else None
+        if report is not None and not report.stale and age < audit_interval_seconds():
+            return SkipReason(
+                f"tables changed; next audit in {audit_interval_seconds() - age:.0f} s"
+            )
+        return RunRequest(
+            run_key=f"audit:{changed}",
+            job_name=staleness_audit_job.name,
+            tags={TRIGGER_TAG: "staleness-audit"},
+        )
+
+    if not report.stale:
+        return SkipReason("no stale partitions")
+    window = live_window(instance)
+    steps = report.plan(exclude=window.days() if window else [])
+    if not steps:
+        # The window as (first, last) dates: the message reads as it always has.
+        shown = (window.first_day, window.last_day) if window else None
+        return SkipReason(f"{report.summary()}: all inside the live window {shown}")
+    plan = "; ".join(s.describe() for s in steps)
+    if not auto_repair():
+        return SkipReason(
+            f"STALE: {report.summary()}. Targeted backfill: {plan}. "
+            f"Run `{REPAIR_COMMAND}` or set {AUTO_REPAIR_ENV}=true."
+        )
+    if context.cursor == str(audit.storage_id):
+        return SkipReason(f"repair of audit {audit.storage_id} already requested: {plan}")
+    phase = [s for s in steps if s.kind == STAGING_STEP] or steps[-1:]
+    writing = blocked_days(instance)
+    busy = sorted(
+        {writing[day] for s in phase for day in s.days.partition_keys() if day in writing}
+    )
+    if busy:
+        return SkipReason(f"stale days are being written by run(s) {busy}; waiting")
+    context.log.info(f"{report.summary()}; requesting {[s.describe() for s in phase]}")
+    return SensorResult(
+        run_requests=[
+            RunRequest(
+                run_key=f"repair:{s.kind}:{s.days}:audit-{audit.storage_id}",
+                job_name=(repair_staging_job if s.kind == STAGING_STEP else repair_ltv_job).name,
+                tags={**range_tags(s.days), TRIGGER_TAG: REPAIR_TRIGGER},
+            )
+            for s in phase
+        ],
+        cursor=str(audit.storage_id),
+    )
