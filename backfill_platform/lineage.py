@@ -17,6 +17,10 @@ from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 
 
+class UnknownAsset(ValueError):
+    """An asset key an operator named that the code location does not have."""
+
+
 @dataclass(frozen=True)
 class Edge:
     parent: AssetKey
@@ -53,7 +57,7 @@ class Lineage:
             key = AssetKey.from_user_string(name.strip())
             if key not in self.column:
                 known = ", ".join(sorted(k.to_user_string() for k in self.column))
-                raise ValueError(f"unknown asset {name!r}; known assets: {known}")
+                raise UnknownAsset(f"--select: unknown asset {name!r}; known assets: {known}")
             keys.append(key)
         return self.expand(keys)
 
