@@ -29,6 +29,7 @@ from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
+from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
@@ -322,10 +323,7 @@ def test_cutover_refused_without_a_passed_validation(ops_env):
     platform, lake = ops_env, ops_env.resources["lakehouse"]
     deliver(platform)
     platform.materialize(DAYS[0], DAYS[1], selection=["raw/orders", "raw/fx_rates"])
-    lineage = Lineage()
     # A shadow of raw/fx_rates exists but was never validated.
-    from backfill_platform.operations.shadow import shadow_lakehouse
-
     shadow = shadow_lakehouse(lake, "t", [RAW_FX_RATES])
     shadow.replace_range(
         RAW_FX_RATES, lake.read(RAW_FX_RATES), "rate_date", date(2024, 1, 1), date(2024, 1, 3), {}
@@ -333,7 +331,7 @@ def test_cutover_refused_without_a_passed_validation(ops_env):
     version = platform.version("raw/fx_rates")
     with pytest.raises(CutoverRefused, match="never validated"):
         cutover(
-            lake, platform.instance, [RAW_FX_RATES], DAYS[0], DAYS[1], "t", "x", lineage=lineage
+            lake, platform.instance, [RAW_FX_RATES], DAYS[0], DAYS[1], "t", "x", lineage=LINEAGE
         )
     assert platform.version("raw/fx_rates") == version
 
