@@ -28,9 +28,11 @@ from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.plan import build_plan
+from backfill_platform.operations.reconciliation import reconcile_layers
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
 from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
+from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_FX_RATES, RAW_ORDERS
@@ -143,6 +145,12 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     build_production_with_the_bug(platform, monkeypatch)
     landing, first, last = platform.landing, date(2024, 1, 1), date(2024, 1, 7)
     assert not reconcile_marts(lake, landing, first, last).ok
+    # Validation's reconciliation (no oracle: each layer against the one it was built from)
+    # sees the bug too: fct USD and LTV's roll-forward disagree with staging at the day's FX.
+    layers = reconcile_layers(
+        lake, platform.resources["landing"], [FCT_DAILY_REVENUE, CUSTOMER_LTV], DayRange(*DAYS[::6])
+    )
+    assert not layers["ok"], layers
 
     # Plan: the marts over days 2..6 also rewrite LTV day 7 (its previous-day mapping); the
     # whole week was written by two code versions.
