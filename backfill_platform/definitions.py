@@ -7,7 +7,7 @@ from dagster import Definitions, in_process_executor, load_assets_from_modules
 from backfill_platform.assets import marts, raw, staging
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
-from backfill_platform.operations.jobs import operations_jobs
+from backfill_platform.operations.launchpad import operations_jobs
 from backfill_platform.resources import (
     DeltaIOManager,
     LakehouseResource,

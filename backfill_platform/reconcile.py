@@ -2,7 +2,9 @@
 
 `reconcile_marts` checks the marts against `reference` (the contract in plain Python, read
 straight from the landing files); `fingerprints` summarize each table's rows (audit
-columns excluded) so two runs can be shown to leave identical tables.
+columns excluded) so two runs can be shown to leave identical tables. Only the demo and the
+tests use it: the oracle is how they judge the platform, so the platform never runs it
+(validation reconciles between layers, `operations/reconciliation.py`).
 """
 
 from __future__ import annotations

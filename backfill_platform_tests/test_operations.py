@@ -28,8 +28,11 @@ from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.plan import build_plan
+from backfill_platform.operations.reconciliation import reconcile_layers
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
+from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
+from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_FX_RATES, RAW_ORDERS
@@ -142,6 +145,13 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     build_production_with_the_bug(platform, monkeypatch)
     landing, first, last = platform.landing, date(2024, 1, 1), date(2024, 1, 7)
     assert not reconcile_marts(lake, landing, first, last).ok
+    # Validation's reconciliation (no oracle: each layer against the one it was built from)
+    # sees the bug too: fct USD and LTV's roll-forward disagree with staging at the day's FX.
+    layers = reconcile_layers(
+        lake, platform.resources["landing"], [FCT_DAILY_REVENUE, CUSTOMER_LTV], DayRange(*DAYS[::6])
+    )
+    failing = [d for d in layers["details"] if "5 of 7 partition(s) FAIL" in d]  # days 2..6
+    assert not layers["ok"] and len(failing) == 2 and "revenue_usd" in failing[1], layers
 
     # Plan: the marts over days 2..6 also rewrite LTV day 7 (its previous-day mapping); the
     # whole week was written by two code versions.
@@ -177,7 +187,7 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     assert {t: platform.version(t) for t in MARTS.split(",")} == versions
     new_usd = fct_usd(platform, "marts/fct_daily_revenue__shadow_fxfix")
 
-    # Validate: exactly the expected difference, and the shadow reconciles with the contract.
+    # Validate: exactly the expected difference, and the shadow reconciles between layers.
     status, validation = run_cli(
         "validate", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--suffix", "fxfix"
     )
@@ -322,10 +332,7 @@ def test_cutover_refused_without_a_passed_validation(ops_env):
     platform, lake = ops_env, ops_env.resources["lakehouse"]
     deliver(platform)
     platform.materialize(DAYS[0], DAYS[1], selection=["raw/orders", "raw/fx_rates"])
-    lineage = Lineage()
     # A shadow of raw/fx_rates exists but was never validated.
-    from backfill_platform.operations.shadow import shadow_lakehouse
-
     shadow = shadow_lakehouse(lake, "t", [RAW_FX_RATES])
     shadow.replace_range(
         RAW_FX_RATES, lake.read(RAW_FX_RATES), "rate_date", date(2024, 1, 1), date(2024, 1, 3), {}
@@ -333,7 +340,7 @@ def test_cutover_refused_without_a_passed_validation(ops_env):
     version = platform.version("raw/fx_rates")
     with pytest.raises(CutoverRefused, match="never validated"):
         cutover(
-            lake, platform.instance, [RAW_FX_RATES], DAYS[0], DAYS[1], "t", "x", lineage=lineage
+            lake, platform.instance, [RAW_FX_RATES], DAYS[0], DAYS[1], "t", "x", lineage=LINEAGE
         )
     assert platform.version("raw/fx_rates") == version
 

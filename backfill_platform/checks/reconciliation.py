@@ -8,12 +8,13 @@ sensors hold the failing partitions (see automation/sensors.py).
 
 from datetime import timedelta
 
-from dagster import AssetCheckExecutionContext, AssetCheckResult, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetKey, asset_check
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
+    RunPartitions,
     log_partition_metrics,
     run_partitions,
 )
@@ -31,6 +32,9 @@ from backfill_platform.tables import (
 from backfill_platform.transforms.fx import REACH_DAYS, known_currencies, with_usd
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
 from backfill_platform.transforms.revenue import LOCAL_TYPE
+
+# A check's verdict over some partitions, and the per-partition metrics it logs.
+Equation = tuple[CheckOutcome, dict[str, dict[str, float | int]]]
 
 # Lifetime sums are added in DECIMAL(30,10), as transforms/revenue.py does, so the expected
 # value is exact (Spark would round a DECIMAL(38,10) + DECIMAL(38,10) to 9 places).
@@ -55,7 +59,15 @@ def raw_rows_match_landing(
     The landing side is counted in plain Python from the files (not by the Spark reader raw
     uses), so a line lost or doubled by parsing, a partial write or a changed delivery shows.
     """
-    run = run_partitions(context)
+    outcome, metrics = raw_vs_landing(lakehouse, landing, run_partitions(context))
+    log_partition_metrics(context, RAW_ORDERS, metrics)
+    return outcome.to_result()
+
+
+def raw_vs_landing(
+    lakehouse: LakehouseResource, landing: LandingZoneResource, run: RunPartitions
+) -> Equation:
+    """The equation of `raw_rows_match_landing` over `run`'s partitions."""
     expected = {
         day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day])) for day in run.keys
     }
@@ -84,13 +96,13 @@ def raw_rows_match_landing(
             "rejects": row["invalid_rows"] if row else 0,
             "late_arrival_rate": _rate(late, rows),
         }
-    log_partition_metrics(context, RAW_ORDERS, metrics)
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "rows_match_landing_lines",
         RAW_ORDERS,
         results,
         what="raw/orders rows vs non-blank landing lines per ingest day",
-    ).to_result()
+    )
+    return outcome, metrics
 
 
 @asset_check(
@@ -114,7 +126,13 @@ def staging_accounts_for_raw(
     time: a raw row that arrived after staging was built makes it fail until staging is
     rebuilt, which is what "staging does not account for raw" means.
     """
-    run = run_partitions(context)
+    outcome, metrics = staging_vs_raw(lakehouse, run_partitions(context))
+    log_partition_metrics(context, STAGING_ORDERS, metrics)
+    return outcome.to_result()
+
+
+def staging_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+    """The equation of `staging_accounts_for_raw` over `run`'s partitions."""
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
         lakehouse.read(RAW_ORDERS).where(in_range & F.col("reject_reason").isNull()),
@@ -157,13 +175,13 @@ def staging_accounts_for_raw(
             "superseded_versions": superseded,
             "late_arrival_rate": _rate(late, orders),
         }
-    log_partition_metrics(context, STAGING_ORDERS, metrics)
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "accounts_for_every_raw_row",
         STAGING_ORDERS,
         results,
         what="raw rows per event day vs staged orders + superseded versions + rejects",
-    ).to_result()
+    )
+    return outcome, metrics
 
 
 @asset_check(
@@ -177,7 +195,13 @@ def rejects_match_raw(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency)."""
-    run = run_partitions(context)
+    outcome, metrics = rejects_vs_raw(lakehouse, run_partitions(context))
+    log_partition_metrics(context, STAGING_REJECTS, metrics)
+    return outcome.to_result()
+
+
+def rejects_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+    """The equation of `rejects_match_raw` over `run`'s partitions."""
     raw = with_unknown_currency(
         lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end),
         known_currencies(lakehouse),
@@ -200,15 +224,13 @@ def rejects_match_raw(
     for day in run.keys:
         want, got = expected.get(day, 0), actual.get(day, 0)
         results.append(PartitionResult(day, want, got, want == got))
-    log_partition_metrics(
-        context, STAGING_REJECTS, {d: {"rejects": actual.get(d, 0)} for d in run.keys}
-    )
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "rejects_match_raw",
         STAGING_REJECTS,
         results,
         what="rejected raw rows vs staging/orders_rejects rows per ingest day",
-    ).to_result()
+    )
+    return outcome, {d: {"rejects": actual.get(d, 0)} for d in run.keys}
 
 
 @asset_check(
@@ -222,7 +244,13 @@ def fct_matches_staging(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
-    run = run_partitions(context)
+    outcome, metrics = fct_vs_staging(lakehouse, run_partitions(context))
+    log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
+    return outcome.to_result()
+
+
+def fct_vs_staging(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+    """The equation of `fct_matches_staging` over `run`'s partitions."""
     paid = F.col("status") == "paid"
     staged = (
         lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
@@ -291,13 +319,13 @@ def fct_matches_staging(
             "paid_orders": row["f_paid"],
             "revenue_usd": float(row["revenue_usd"] or 0),
         }
-    log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "matches_staging_orders",
         FCT_DAILY_REVENUE,
         results,
         what="fct_daily_revenue vs staging orders (orders/paid/revenue_local per currency)",
-    ).to_result()
+    )
+    return outcome, metrics
 
 
 @asset_check(
@@ -315,7 +343,12 @@ def ltv_rolls_forward(
     D-1 is read from the table (the snapshot before the run's range included), D's paid
     orders from staging at point-in-time FX; first_order_date must carry over or be D.
     """
-    run = run_partitions(context)
+    outcome, _ = ltv_vs_previous_day(lakehouse, run_partitions(context))
+    return outcome.to_result()
+
+
+def ltv_vs_previous_day(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+    """The equation of `ltv_rolls_forward` over `run`'s partitions."""
     one_day = timedelta(days=1)
     ltv = lakehouse.read_range(CUSTOMER_LTV, "snapshot_date", run.start - one_day, run.end)
     current = ltv.where(F.col("snapshot_date") >= F.lit(run.start)).select(
@@ -391,12 +424,32 @@ def ltv_rolls_forward(
             else ""
         )
         results.append(PartitionResult(key, expected, actual, row["mismatches"] == 0, detail))
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "rolls_forward_from_previous_day",
         CUSTOMER_LTV,
         results,
         what="customer_ltv(D) vs customer_ltv(D-1) + day D's paid revenue per customer",
-    ).to_result()
+    )
+    return outcome, {}
+
+
+def layer_equation(
+    lakehouse: LakehouseResource,
+    landing: LandingZoneResource,
+    key: AssetKey,
+    run: RunPartitions,
+) -> CheckOutcome | None:
+    """`key`'s blocking equation over `run`, outside a run: validation applies it to a shadow
+    lakehouse, whose tables then answer to the layer they were built from."""
+    if key == RAW_ORDERS:
+        return raw_vs_landing(lakehouse, landing, run)[0]
+    equation = {
+        STAGING_ORDERS: staging_vs_raw,
+        STAGING_REJECTS: rejects_vs_raw,
+        FCT_DAILY_REVENUE: fct_vs_staging,
+        CUSTOMER_LTV: ltv_vs_previous_day,
+    }.get(key)
+    return equation(lakehouse, run)[0] if equation else None
 
 
 reconciliation_checks = [

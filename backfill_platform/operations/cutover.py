@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass
-from datetime import date, timedelta
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
 
@@ -20,7 +19,7 @@ from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import table_name
+from backfill_platform.tables import table
 
 CUTOVER = "cutover"
 
@@ -67,23 +66,23 @@ def preflight(
     """The validation id the cutover rests on; raises when it cannot rest on one."""
     problems, validation_ids = [], set()
     for key in keys:
+        name = key.to_user_string()
         if not shadow.exists(key):
             raise CutoverRefused(f"no shadow table {shadow.storage_name(key)}")
         record = latest_validation(instance, key, suffix) if instance else None
         if record is None:
-            problems.append(f"{table_name(key)}: shadow {suffix!r} was never validated")
+            problems.append(f"{name}: shadow {suffix!r} was never validated")
             continue
         validation_ids.add(record["validation_id"])
         if not record["passed"]:
-            problems.append(f"{table_name(key)}: validation {record['validation_id']} failed")
+            problems.append(f"{name}: validation {record['validation_id']} failed")
         if (record["start"], record["end"]) != (first, last):
             problems.append(
-                f"{table_name(key)}: validated range {record['start']}..{record['end']} "
-                f"is not {first}..{last}"
+                f"{name}: validated range {record['start']}..{record['end']} is not {first}..{last}"
             )
         if record["shadow_version"] != shadow.current_version(key):
             problems.append(
-                f"{table_name(key)}: shadow changed since validation (v{record['shadow_version']}"
+                f"{name}: shadow changed since validation (v{record['shadow_version']}"
                 f" validated, v{shadow.current_version(key)} now)"
             )
     if problems and not force:
@@ -112,31 +111,31 @@ def cutover(
     keys = lineage.expand(selection)
     shadow = shadow_lakehouse(lake, suffix, keys)
     validation_id = preflight(instance, shadow, keys, first, last, suffix, force)
-    start, end = date.fromisoformat(first), date.fromisoformat(last) + timedelta(days=1)
+    days = DayRange(first, last)
     cutover_id = uuid.uuid4().hex[:12]
     done = []
     for key in keys:  # dependency order
-        column = lineage.column[key]
+        column = table(key).partition_column
         shadow_version = shadow.current_version(key)
         written = shadow.built_partitions(key)
         code_versions = sorted(
             {
                 written[k].get("code_version") or "unknown"
-                for k in DayRange(first, last).partition_keys()
+                for k in days.partition_keys()
                 if k in written
             }
         )
         before = lake.current_version(key)
         commit = lake.replace_range(
             key,
-            shadow.read_range(key, column, start, end, version=shadow_version),
+            shadow.read_range(key, column, days.start, days.end, version=shadow_version),
             column,
-            start,
-            end,
+            days.start,
+            days.end,
             user_metadata={
                 "operation": CUTOVER,
                 "cutover_id": cutover_id,
-                "asset_key": table_name(key),
+                "asset_key": key.to_user_string(),
                 "code_version": ",".join(code_versions),
                 "shadow_suffix": suffix,
                 "shadow_source": shadow.storage_name(key),
@@ -148,7 +147,7 @@ def cutover(
         )
         done.append(
             TableCutover(
-                table=table_name(key),
+                table=key.to_user_string(),
                 shadow_table=shadow.storage_name(key),
                 shadow_version=shadow_version,
                 version_before=before,
@@ -169,7 +168,7 @@ def record_cutover(instance: DagsterInstance, result: Cutover) -> None:
         for key in DayRange(result.start, result.end).partition_keys():
             instance.report_runless_asset_event(
                 AssetMaterialization(
-                    asset_key=AssetKey(t.table.split("/")),
+                    asset_key=AssetKey.from_user_string(t.table),
                     partition=key,
                     description=f"cutover {result.cutover_id} from {t.shadow_table}",
                     metadata={

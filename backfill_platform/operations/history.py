@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import date, timedelta
-
 from dagster import AssetKey
 
+from backfill_platform.partitions import commit_partition_keys
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import table_name
 
 
 def partition_history(
@@ -19,12 +18,12 @@ def partition_history(
     version they restored to.
     """
     entries = []
-    lo, hi = date.fromisoformat(first), date.fromisoformat(last)
+    days = DayRange(first, last)
     for key in keys:
         for commit in lake.history(key):
             meta = commit["metadata"]
             base = {
-                "table": table_name(key),
+                "table": key.to_user_string(),
                 "version": commit["version"],
                 "timestamp": commit["timestamp"].isoformat(sep=" ", timespec="seconds"),
                 "operation": meta.get("operation") or commit["operation"],
@@ -38,13 +37,7 @@ def partition_history(
                     {**base, "partition": "*", "restored_to": commit["parameters"].get("version")}
                 )
                 continue
-            if not meta.get("partition_start"):
-                continue
-            day = max(lo, date.fromisoformat(meta["partition_start"]))
-            end = min(hi + timedelta(days=1), date.fromisoformat(meta["partition_end"]))
-            while day < end:
-                entries.append({**base, "partition": day.isoformat()})
-                day += timedelta(days=1)
+            entries += [{**base, "partition": k} for k in commit_partition_keys(meta) if k in days]
     return entries
 
 

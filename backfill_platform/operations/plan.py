@@ -1,39 +1,27 @@
 """Preflight plan: what a range will rewrite, whether its inputs exist, and who else is writing.
 
 A plan is computed before anything runs: the blast radius from the asset graph, missing
-inputs (gaps in upstream tables; for raw, landing files that raw holds but the landing zone
-lost), sizes from the Delta log, the code versions that wrote the partitions and the one that
-will rewrite them, and in-progress runs over the same partitions. Missing inputs and
-conflicting runs block the plan unless explicitly overridden.
+inputs (`inputs.py`), sizes from the Delta snapshot, the code versions that wrote the
+partitions and the one that will rewrite them, and in-progress runs over the same
+partitions (`conflicts.py`). Missing inputs and conflicting runs block the plan unless
+explicitly overridden.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
-from urllib.parse import unquote, urlparse
+from datetime import UTC, date, datetime
 
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance
 from pyspark.sql import functions as F
 
-from backfill_platform.lineage import Lineage, blast_radius, upstream_keys
+from backfill_platform.lineage import Lineage, blast_radius
+from backfill_platform.operations.conflicts import conflicting_runs
+from backfill_platform.operations.inputs import missing_inputs
 from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
-from backfill_platform.resources.lakehouse import table_name
-from backfill_platform.resources.landing import FX_RATES, ORDERS
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
-from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS
-
-LANDING_KIND = {RAW_ORDERS: ORDERS, RAW_FX_RATES: FX_RATES}
-ACTIVE_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
+from backfill_platform.tables import table
 
 
 @dataclass
@@ -116,6 +104,8 @@ def build_plan(
     lineage: Lineage,
     exclude_run_id: str | None = None,
 ) -> Plan:
+    days = DayRange(first, last)
+    in_range = days.partition_keys()
     selection = lineage.expand(selection)
     written = {key: lake.built_partitions(key) for key in lineage.toposorted()}
     radius = blast_radius(lineage, selection, first, last, lambda k: set(written[k]))
@@ -124,22 +114,17 @@ def build_plan(
         if key not in radius:
             continue
         keys = sorted(radius[key])
-        rows, files, size = _size(lake, key, lineage.column[key], keys)
+        rows, files, size = _size(lake, key, keys)
         now = Counter(
             written[key][k].get("code_version") or "unknown" for k in keys if k in written[key]
         )
-        in_range = {
-            written[key][k].get("code_version") or "unknown"
-            for k in DayRange(first, last).partition_keys()
-            if k in written[key]
+        range_versions = {
+            written[key][k].get("code_version") or "unknown" for k in in_range if k in written[key]
         }
         selected = key in selection
-        missing = _missing_inputs(
-            lake, landing, lineage, key, keys, selection, first, last, written
-        )
         assets.append(
             AssetPlan(
-                asset=table_name(key),
+                asset=key.to_user_string(),
                 role="selected" if selected else "downstream",
                 partitions=keys,
                 ranges=[(r.first, r.last) for r in ranges_of(keys)],
@@ -147,19 +132,19 @@ def build_plan(
                 files=files,
                 bytes=size,
                 code_version_now=dict(now),
-                code_version_next=lineage.code_version[key],
-                mixed_code_versions=len(in_range) > 1,
-                missing_inputs=missing if selected else [],
-                downstream_partitions=sorted(
-                    set(keys) - set(DayRange(first, last).partition_keys())
+                code_version_next=table(key).code_version,
+                mixed_code_versions=len(range_versions) > 1,
+                missing_inputs=missing_inputs(
+                    lake, landing, lineage, key, keys, selection, days, written
                 )
                 if selected
-                else keys,
+                else [],
+                downstream_partitions=sorted(set(keys) - set(in_range)) if selected else keys,
             )
         )
-    conflicts = _conflicting_runs(instance, radius, exclude_run_id) if instance else []
+    conflicts = conflicting_runs(instance, radius, exclude_run_id) if instance else []
     return Plan(
-        selection=[table_name(k) for k in selection],
+        selection=[k.to_user_string() for k in selection],
         start=first,
         end=last,
         assets=assets,
@@ -168,94 +153,11 @@ def build_plan(
     )
 
 
-def _size(lake: LakehouseResource, key: AssetKey, column: str, keys: list[str]):
+def _size(lake: LakehouseResource, key: AssetKey, keys: list[str]) -> tuple[int, int, int]:
     """Rows, files and bytes the partitions hold now (Delta prunes to their files)."""
     if not keys or not lake.exists(key):
         return 0, 0, 0
-    df = lake.read(key).where(F.col(column).isin([date.fromisoformat(k) for k in keys]))
-    paths = [Path(unquote(urlparse(f).path)) for f in df.inputFiles()]
-    return df.count(), len(paths), sum(p.stat().st_size for p in paths if p.exists())
-
-
-def _missing_inputs(
-    lake: LakehouseResource,
-    landing: LandingZoneResource,
-    lineage: Lineage,
-    key: AssetKey,
-    keys: list[str],
-    selection: list[AssetKey],
-    first: str,
-    last: str,
-    written: dict[AssetKey, dict[str, dict]],
-) -> list[str]:
-    """Inputs the range needs that are gone: landing files raw holds, or upstream gaps."""
-    if key in LANDING_KIND:
-        return _lost_landing_files(lake, landing, key, lineage.column[key], first, last)
-    rewritten = set(DayRange(first, last).partition_keys())
-    missing = []
-    for edge in lineage.parents(key):
-        needed = upstream_keys(edge, keys)
-        if edge.parent in selection:
-            needed -= rewritten  # the range writes those itself
-        built = set(written[edge.parent])
-        if not built:
-            gaps = sorted(k for k in needed if k <= last)
-        else:
-            gaps = sorted(k for k in needed if min(built) <= k <= max(built) and k not in built)
-            if edge.parent == key:  # self-dependency: the partition before the range
-                gaps = sorted(k for k in needed if k not in built)
-        if gaps:
-            runs = ", ".join(str(r) for r in ranges_of(gaps)[:10])
-            missing.append(f"{table_name(edge.parent)} partitions {runs} not built")
-    return missing
-
-
-def _lost_landing_files(
-    lake: LakehouseResource,
-    landing: LandingZoneResource,
-    key: AssetKey,
-    column: str,
-    first: str,
-    last: str,
-) -> list[str]:
-    """Files raw was built from that the landing zone no longer has (raw never shrinks)."""
-    if not lake.exists(key):
-        return []
-    end = date.fromisoformat(last) + timedelta(days=1)
-    held = (
-        lake.read_range(key, column, date.fromisoformat(first), end)
-        .select(column, "file_name")
-        .distinct()
-        .collect()
-    )
-    kind = LANDING_KIND[key]
-    lost = []
-    for row in sorted(held, key=lambda r: (r[column], r["file_name"])):
-        day = row[column].isoformat()
-        present = {p.name for p in landing.files(kind, [day])}
-        if row["file_name"] not in present:
-            lost.append(f"landing file {kind}/{day}/{row['file_name']} is gone")
-    return lost
-
-
-def _conflicting_runs(
-    instance: DagsterInstance, radius: dict[AssetKey, set[str]], exclude_run_id: str | None
-) -> list[dict]:
-    """In-progress runs whose asset selection and partition range overlap the radius."""
-    conflicts = []
-    for run in instance.get_runs(RunsFilter(statuses=ACTIVE_STATUSES)):
-        if run.run_id == exclude_run_id:
-            continue
-        first = run.tags.get(RANGE_START_TAG) or run.tags.get("dagster/partition")
-        last = run.tags.get(RANGE_END_TAG) or first
-        if not first:
-            continue
-        keys = set(DayRange(first, last).partition_keys())
-        assets = sorted(
-            table_name(k)
-            for k in (run.asset_selection or radius.keys())
-            if k in radius and radius[k] & keys
-        )
-        if assets:
-            conflicts.append({"run_id": run.run_id, "assets": assets, "first": first, "last": last})
-    return conflicts
+    column = table(key).partition_column
+    rows = lake.read(key).where(F.col(column).isin([date.fromisoformat(k) for k in keys])).count()
+    files = lake.partition_files(key, keys).values()
+    return rows, sum(f["files"] for f in files), sum(f["bytes"] for f in files)

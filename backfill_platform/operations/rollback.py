@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from dagster import AssetKey, AssetObservation, DagsterInstance
 
@@ -68,9 +66,11 @@ def find_cutover(lake: LakehouseResource, cutover_id: str | None) -> dict[str, d
 
 def missing_files(lake: LakehouseResource, table: str, version: int) -> list[str]:
     """Data files of `version` that are gone (vacuumed): time travel to it would fail."""
-    files = lake.read(table, version=version).inputFiles()
-    paths = [Path(unquote(urlparse(f).path)) for f in files]
-    return [str(p) for p in paths if not p.exists()]
+    return [
+        uri
+        for files in lake.partition_files(table, version=version).values()
+        for uri in files["missing"]
+    ]
 
 
 @contextmanager
@@ -163,7 +163,7 @@ def rollback(
         for plan in plans:
             instance.report_runless_asset_event(
                 AssetObservation(
-                    asset_key=AssetKey(plan.table.split("/")),
+                    asset_key=AssetKey.from_user_string(plan.table),
                     metadata={
                         "operation": ROLLBACK,
                         "cutover_id": cutover_id,

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import date, timedelta
 
 from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
 from backfill_platform.lineage import Lineage, upstream_keys
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import DeltaIOManager, LakehouseResource
-from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.runner import InProcessExecutor, run_range
-from backfill_platform.tables import check_shadow_suffix, shadow_name
+from backfill_platform.tables import check_shadow_suffix, shadow_name, table
 
 SHADOW_TAG = "backfill_platform/shadow"
 
@@ -28,7 +26,7 @@ def shadow_lakehouse(lake: LakehouseResource, suffix: str, keys: Sequence[AssetK
         root_dir=lake.root_dir,
         spark=lake.spark,
         shadow_suffix=check_shadow_suffix(suffix),
-        shadow_tables=[table_name(k) for k in keys],
+        shadow_tables=[k.to_user_string() for k in keys],
     )
 
 
@@ -68,22 +66,21 @@ def seed_self_dependencies(
             before = sorted(upstream_keys(edge, rewritten) - rewritten)
             if not before or not lake.exists(key):
                 continue
-            column = lineage.column[key]
-            start, end = date.fromisoformat(before[0]), date.fromisoformat(before[-1])
-            end += timedelta(days=1)
+            column = table(key).partition_column
+            span = DayRange(before[0], before[-1])
             shadow.replace_range(
                 key,
-                lake.read_range(key, column, start, end),
+                lake.read_range(key, column, span.start, span.end),
                 column,
-                start,
-                end,
+                span.start,
+                span.end,
                 user_metadata={
                     "operation": "shadow-seed",
                     "seeded_from_version": lake.current_version(key),
                     "code_version": "seeded-from-production",
                 },
             )
-            seeded[shadow.storage_name(key)] = f"{before[0]}..{before[-1]}"
+            seeded[shadow.storage_name(key)] = str(span)
     return seeded
 
 
@@ -119,7 +116,7 @@ def run_shadow(
     run_ids, success = report.run_ids, report.success
     return ShadowResult(
         suffix=suffix,
-        tables={table_name(k): shadow_name(table_name(k), suffix) for k in keys},
+        tables={k.to_user_string(): shadow_name(k.to_user_string(), suffix) for k in keys},
         start=first,
         end=last,
         run_ids=run_ids,

@@ -1,11 +1,11 @@
-"""Validate a shadow against production per partition, and reconcile it with the contract.
+"""Validate a shadow against production per partition, and reconcile it between layers.
 
 The comparison (rows, sums, distinct keys, a sample of changed rows) says what the cutover
-will change; the reconciliation (the marts against the contract's answer from the landing
-files, `reconcile.py`) says whether the shadow is right. A validation passes when the shadow
-has the production schema, covers every partition of the range and reconciles. It is
-recorded as an AssetObservation on each production asset, where the UI shows it and where
-the cutover looks for it.
+will change; the reconciliation (each shadow table against the layer it was built from, by
+the blocking checks' equations: `reconciliation.py`) says whether the shadow is right. A
+validation passes when the shadow has the production schema, covers every partition of the
+range and reconciles. It is recorded as an AssetObservation on each production asset, where
+the UI shows it and where the cutover looks for it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dagster import (
@@ -28,15 +28,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from backfill_platform.lineage import Lineage
+from backfill_platform.operations.reconciliation import reconcile_layers
 from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.ranges import DayRange
-from backfill_platform.reconcile import reconcile_marts
-from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import table_name
-from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, table
+from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.tables import table
 
 VALIDATION_MARKER = "shadow_validation"
-MARTS = (FCT_DAILY_REVENUE, CUSTOMER_LTV)
 
 
 @dataclass
@@ -85,7 +83,7 @@ class Validation:
                     f"{t.shadow_table}: partitions not built {t.uncovered_partitions[:10]}"
                 )
         if self.reconciliation and not self.reconciliation["ok"]:
-            problems.append("shadow marts do not reconcile with the contract's answer")
+            problems.append("shadow tables do not reconcile with the layers they were built from")
         return problems
 
     def markdown(self, table: str | None = None) -> str:
@@ -119,7 +117,7 @@ class Validation:
             lines.append("")
         if self.reconciliation:
             lines += [
-                "Reconciliation with the contract: "
+                "Reconciliation between layers: "
                 + ("OK" if self.reconciliation["ok"] else "FAILED"),
                 *(f"- {d}" for d in self.reconciliation["details"]),
             ]
@@ -149,14 +147,12 @@ def compare_table(
     lake: LakehouseResource,
     shadow: LakehouseResource,
     key: AssetKey,
-    column: str,
-    first: str,
-    last: str,
+    days: DayRange,
     sample: int = 5,
 ) -> TableValidation:
-    start, end = date.fromisoformat(first), date.fromisoformat(last) + timedelta(days=1)
-    prod = lake.read_range(key, column, start, end) if lake.exists(key) else None
-    shad = shadow.read_range(key, column, start, end)
+    column = table(key).partition_column
+    prod = lake.read_range(key, column, days.start, days.end) if lake.exists(key) else None
+    shad = shadow.read_range(key, column, days.start, days.end)
     cols = _data_columns(shad)
     schema_matches = prod is None or {
         f.name: f.dataType for f in prod.schema.fields if f.name in _data_columns(prod)
@@ -167,7 +163,7 @@ def compare_table(
     prod_stats = _per_partition(prod, column, keys, numeric) if prod is not None else {}
     covered = set(shadow.built_partitions(key))
     partitions = []
-    for day in DayRange(first, last).partition_keys():
+    for day in days.partition_keys():
         p, s = prod_stats.get(day, {}), shadow_stats.get(day, {})
         diff = PartitionDiff(
             partition=day,
@@ -197,14 +193,12 @@ def compare_table(
                 }
             )
     return TableValidation(
-        table=table_name(key),
+        table=key.to_user_string(),
         shadow_table=shadow.storage_name(key),
         shadow_version=shadow.current_version(key),
         production_version=lake.current_version(key),
         schema_matches=schema_matches,
-        uncovered_partitions=[
-            d for d in DayRange(first, last).partition_keys() if d not in covered
-        ],
+        uncovered_partitions=[d for d in days.partition_keys() if d not in covered],
         partitions=partitions,
         changed_partitions=sum(d.changed for d in partitions),
         sample_changed_rows=samples,
@@ -229,13 +223,10 @@ def validate_shadow(
     missing = [shadow.storage_name(k) for k in keys if not shadow.exists(k)]
     if missing:
         raise ValueError(f"no shadow table(s) {missing}; run `shadow` for this range first")
-    tables = [compare_table(lake, shadow, k, lineage.column[k], first, last, sample) for k in keys]
-    reconciliation = None
-    if reconcile and any(k in MARTS for k in keys):
-        result = reconcile_marts(
-            shadow, Path(landing_dir), date.fromisoformat(first), date.fromisoformat(last)
-        )
-        reconciliation = {"ok": result.ok, "details": result.details}
+    days = DayRange(first, last)
+    tables = [compare_table(lake, shadow, k, days, sample) for k in keys]
+    landing = LandingZoneResource(landing_dir=str(landing_dir))
+    reconciliation = reconcile_layers(shadow, landing, keys, days) if reconcile else None
     validation = Validation(
         validation_id=uuid.uuid4().hex[:12],
         suffix=suffix,
@@ -257,7 +248,7 @@ def record_validation(instance: DagsterInstance, validation: Validation) -> None
     for t in validation.tables:
         instance.report_runless_asset_event(
             AssetObservation(
-                asset_key=AssetKey(t.table.split("/")),
+                asset_key=AssetKey.from_user_string(t.table),
                 metadata={
                     VALIDATION_MARKER: MetadataValue.md(validation.markdown(t.table)),
                     "validation_id": validation.validation_id,

@@ -337,6 +337,38 @@ class LakehouseResource(ConfigurableResource):
             for r in rows
         ]
 
+    def partition_files(
+        self, key: AssetKey | str, partitions: list[str] | None = None, version: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Partition key -> {"files", "bytes", "missing"} of the table (at `version`), for
+        `partitions` (default: all).
+
+        The files are the Delta snapshot's (pruned to the partitions), their sizes and
+        existence come from the Hadoop filesystem, so this holds on any storage Spark reads;
+        `missing` lists files the snapshot needs that storage no longer has (vacuumed).
+        """
+        if not self.exists(key):
+            return {}
+        df = self.read(key, version)
+        if partitions is not None:
+            (column,) = self.delta_table(key).detail().first()["partitionColumns"]
+            df = df.where(F.col(column).isin([date.fromisoformat(p) for p in partitions]))
+        context = self.session.sparkContext
+        hadoop_conf = context._jsc.hadoopConfiguration()
+        found: dict[str, dict[str, Any]] = {}
+        for uri in df.inputFiles():
+            path = context._jvm.org.apache.hadoop.fs.Path(uri)
+            filesystem = path.getFileSystem(hadoop_conf)
+            # Tables are written partitionBy(column): each file sits under `<column>=<key>/`.
+            partition = path.getParent().getName().partition("=")[2]
+            entry = found.setdefault(partition, {"files": 0, "bytes": 0, "missing": []})
+            entry["files"] += 1
+            if filesystem.exists(path):
+                entry["bytes"] += filesystem.getFileStatus(path).getLen()
+            else:
+                entry["missing"].append(uri)
+        return found
+
 
 _OUT_OF_RANGE = "row outside the partition range"
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"

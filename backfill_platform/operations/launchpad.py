@@ -10,10 +10,12 @@ from dagster import (
     Out,
     Output,
     job,
+    load_assets_from_modules,
     op,
 )
 from pydantic import Field
 
+from backfill_platform.assets import marts, raw, staging
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
@@ -34,10 +36,9 @@ def preflight_plan(
     lakehouse: LakehouseResource,
     landing: LandingZoneResource,
 ):
-    # The graph of the code location this op runs in, not a module-level global.
-    lineage = Lineage(
-        list({id(a): a for a in context.repository_def.assets_defs_by_key.values()}.values())
-    )
+    # The asset modules the code location loads: the CLI runs this job in process, where
+    # no repository (context.repository_def) is bound.
+    lineage = Lineage(load_assets_from_modules([raw, staging, marts]))
     plan = build_plan(
         lakehouse,
         landing,
@@ -53,7 +54,7 @@ def preflight_plan(
     for name in plan.selection:
         context.log_event(
             AssetObservation(
-                asset_key=AssetKey(name.split("/")),
+                asset_key=AssetKey.from_user_string(name),
                 metadata={
                     PLAN_MARKER: MetadataValue.md(plan.markdown()),
                     "plan_ok": plan.ok,
