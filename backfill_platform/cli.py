@@ -36,15 +36,20 @@ from backfill_platform.operations.decommission import (
     decommission,
 )
 from backfill_platform.operations.history import partition_history
-from backfill_platform.operations.jobs import PLAN_MARKER, preflight_plan_job
+from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
-from backfill_platform.operations.validate import validate_shadow
+from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange, InvalidRange
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, setting
-from backfill_platform.tables import TABLE_NAMES, InvalidShadowSuffix, check_shadow_suffix
+from backfill_platform.tables import (
+    TABLE_NAMES,
+    InvalidShadowSuffix,
+    UnknownTable,
+    check_shadow_suffix,
+)
 
 # What an operator can get wrong, or a guard can refuse: printed as one line, exit status 1.
 # Anything else is a bug and keeps its traceback.
@@ -56,6 +61,8 @@ REFUSALS = (
     InvalidShadowSuffix,
     InvalidRange,
     UnknownAsset,
+    UnknownTable,
+    ValidationRefused,
 )
 
 
@@ -94,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--per-run", type=int, default=None, help="partitions per run")
     cmd = command("validate", "compare shadow and production", suffix=True)
-    cmd.add_argument("--no-reconcile", action="store_true", help="skip the contract reconciliation")
+    cmd.add_argument(
+        "--no-reconcile", action="store_true", help="skip the shadow's between-layer reconciliation"
+    )
     cmd.add_argument("--sample", type=int, default=5, help="changed rows to show per table")
     cmd = command("cutover", "replace production's range by the shadow's", suffix=True)
     cmd.add_argument("--reason", required=True, help="why (recorded in the Delta commit)")

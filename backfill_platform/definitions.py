@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dagster import Definitions, in_process_executor, load_assets_from_modules
+from dagster import Definitions, in_process_executor
 
-from backfill_platform.assets import marts, raw, staging
+from backfill_platform.assets import all_assets
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
 from backfill_platform.operations.launchpad import operations_jobs
@@ -43,8 +43,6 @@ def build_resources(
         "io_manager": DeltaIOManager(lakehouse=lakehouse),
     }
 
-
-all_assets = load_assets_from_modules([raw, staging, marts])
 
 defs = Definitions(
     assets=all_assets,

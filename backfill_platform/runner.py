@@ -26,7 +26,10 @@ from dagster import (
     AssetsDefinition,
     AssetSelection,
     DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
     ExecuteInProcessResult,
+    RunsFilter,
     materialize,
 )
 
@@ -36,8 +39,17 @@ from backfill_platform.settings import PARTITIONS_PER_RUN, setting
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+# Dagster's tag on a single-partition run (ranged runs carry the two range tags).
+PARTITION_TAG = "dagster/partition"
 # Every run the platform launches says why (sensors tell live runs from backfills by it).
 TRIGGER_TAG = "backfill_platform/trigger"
+ACTIVE_STATUSES = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,18 @@ class Executor(Protocol):
 
 def range_tags(days: DayRange) -> dict[str, str]:
     return {RANGE_START_TAG: days.first, RANGE_END_TAG: days.last}
+
+
+def active_runs(instance: DagsterInstance, **filters) -> list[DagsterRun]:
+    """Queued or running runs matching `RunsFilter` fields (job_name, tags...)."""
+    records = instance.get_run_records(RunsFilter(statuses=ACTIVE_STATUSES, **filters))
+    return [record.dagster_run for record in records]
+
+
+def run_days(run: DagsterRun) -> DayRange | None:
+    """The days a run writes, from its range or partition tags; None for an unpartitioned run."""
+    first = run.tags.get(RANGE_START_TAG) or run.tags.get(PARTITION_TAG)
+    return DayRange(first, run.tags.get(RANGE_END_TAG) or first) if first else None
 
 
 def materialize_range(

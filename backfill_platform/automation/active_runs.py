@@ -7,20 +7,11 @@ partition tags as the live path's runs, so one query over the instance finds eve
 
 from dataclasses import dataclass
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance
 
 from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, raw_ingest_job
 from backfill_platform.ranges import DayRange, keys_in_window
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
-
-PARTITION_TAG = "dagster/partition"
-ACTIVE_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
+from backfill_platform.runner import active_runs, run_days
 
 
 @dataclass(frozen=True)
@@ -29,30 +20,23 @@ class ActiveWrite:
     days: DayRange
 
 
-def active_runs(instance: DagsterInstance, **filters) -> list[str]:
+def active_run_ids(instance: DagsterInstance, **filters) -> list[str]:
     """Ids of the queued or running runs matching `RunsFilter` fields (job_name, tags...)."""
-    records = instance.get_run_records(RunsFilter(statuses=ACTIVE_STATUSES, **filters))
-    return [r.dagster_run.run_id for r in records]
+    return [run.run_id for run in active_runs(instance, **filters)]
 
 
 def active_downstream_writes(instance: DagsterInstance) -> list[ActiveWrite]:
     """Queued or running runs that write staging or marts, with the days they cover."""
     writes = []
-    for record in instance.get_run_records(RunsFilter(statuses=ACTIVE_STATUSES)):
-        run = record.dagster_run
+    for run in active_runs(instance):
         selection = run.asset_selection
         if selection is not None and not set(selection) & set(DOWNSTREAM_KEYS):
             continue
         if selection is None and run.job_name == raw_ingest_job.name:
             continue
-        tags = run.tags
-        if RANGE_START_TAG in tags and RANGE_END_TAG in tags:
-            days = DayRange(tags[RANGE_START_TAG], tags[RANGE_END_TAG])
-        elif PARTITION_TAG in tags:
-            days = DayRange(tags[PARTITION_TAG], tags[PARTITION_TAG])
-        else:
-            continue
-        writes.append(ActiveWrite(run.run_id, days))
+        days = run_days(run)
+        if days is not None:
+            writes.append(ActiveWrite(run.run_id, days))
     return writes
 
 

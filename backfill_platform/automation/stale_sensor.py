@@ -17,7 +17,7 @@ from dagster import (
     sensor,
 )
 
-from backfill_platform.automation.active_runs import active_runs, blocked_days
+from backfill_platform.automation.active_runs import active_run_ids, blocked_days
 from backfill_platform.automation.live_jobs import (
     AUDIT_MARKER,
     DOWNSTREAM_KEYS,
@@ -94,7 +94,7 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
         else None
     )
     if audit is None or audit.storage_id < changed:
-        busy = active_runs(instance, job_name=staleness_audit_job.name) + active_runs(
+        busy = active_run_ids(instance, job_name=staleness_audit_job.name) + active_run_ids(
             instance, tags={TRIGGER_TAG: REPAIR_TRIGGER}
         )
         if busy:

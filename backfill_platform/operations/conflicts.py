@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance
 
-from backfill_platform.ranges import DayRange
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
-
-# Dagster's tag on a single-partition run (ranged runs carry the range tags).
-PARTITION_TAG = "dagster/partition"
-ACTIVE_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
+from backfill_platform.runner import active_runs, run_days
 
 
 def conflicting_runs(
@@ -23,19 +12,18 @@ def conflicting_runs(
 ) -> list[dict]:
     """In-progress runs whose asset selection and partition range overlap the radius."""
     conflicts = []
-    for run in instance.get_runs(RunsFilter(statuses=ACTIVE_STATUSES)):
-        if run.run_id == exclude_run_id:
+    for run in active_runs(instance):
+        days = run_days(run)
+        if run.run_id == exclude_run_id or days is None:
             continue
-        first = run.tags.get(RANGE_START_TAG) or run.tags.get(PARTITION_TAG)
-        last = run.tags.get(RANGE_END_TAG) or first
-        if not first:
-            continue
-        keys = set(DayRange(first, last).partition_keys())
+        keys = set(days.partition_keys())
         assets = sorted(
             k.to_user_string()
             for k in (run.asset_selection or radius.keys())
             if k in radius and radius[k] & keys
         )
         if assets:
-            conflicts.append({"run_id": run.run_id, "assets": assets, "first": first, "last": last})
+            conflicts.append(
+                {"run_id": run.run_id, "assets": assets, "first": days.first, "last": days.last}
+            )
     return conflicts

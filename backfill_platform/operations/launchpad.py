@@ -10,12 +10,11 @@ from dagster import (
     Out,
     Output,
     job,
-    load_assets_from_modules,
     op,
 )
 from pydantic import Field
 
-from backfill_platform.assets import marts, raw, staging
+from backfill_platform.assets import all_assets
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
@@ -36,9 +35,9 @@ def preflight_plan(
     lakehouse: LakehouseResource,
     landing: LandingZoneResource,
 ):
-    # The asset modules the code location loads: the CLI runs this job in process, where
-    # no repository (context.repository_def) is bound.
-    lineage = Lineage(load_assets_from_modules([raw, staging, marts]))
+    # The code location's asset list itself: the CLI runs this job in process, where no
+    # repository (context.repository_def) is bound.
+    lineage = Lineage(all_assets)
     plan = build_plan(
         lakehouse,
         landing,

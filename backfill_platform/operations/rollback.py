@@ -16,6 +16,8 @@ from dagster import AssetKey, AssetObservation, DagsterInstance
 
 from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.operations.rebuild import CUTOVER_TAG
+from backfill_platform.partitions import commit_partition_keys
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import TABLE_NAMES
 
@@ -131,7 +133,7 @@ def rollback(
         undone = [
             f"v{h['version']} {h['operation']} {h['metadata'].get('operation', '')} "
             f"run={h['metadata'].get('dagster_run_id') or '-'} "
-            f"{h['metadata'].get('partition_start', '')}..{h['metadata'].get('partition_end', '')}"
+            f"{_written_days(h['metadata'])}"
             for h in history
             if h["version"] > target
         ]
@@ -175,3 +177,9 @@ def rollback(
                 )
             )
     return result
+
+
+def _written_days(metadata: dict) -> str:
+    """The days a commit wrote, inclusive (`a..b`, the CLI's one range notation)."""
+    keys = commit_partition_keys(metadata)
+    return str(DayRange(keys[0], keys[-1])) if keys else "-"

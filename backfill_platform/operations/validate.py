@@ -34,6 +34,11 @@ from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.tables import table
 
+
+class ValidationRefused(Exception):
+    """Nothing to validate: the shadow tables are missing."""
+
+
 VALIDATION_MARKER = "shadow_validation"
 
 
@@ -222,7 +227,7 @@ def validate_shadow(
     shadow = shadow_lakehouse(lake, suffix, keys)
     missing = [shadow.storage_name(k) for k in keys if not shadow.exists(k)]
     if missing:
-        raise ValueError(f"no shadow table(s) {missing}; run `shadow` for this range first")
+        raise ValidationRefused(f"no shadow table(s) {missing}; run `shadow` for this range first")
     days = DayRange(first, last)
     tables = [compare_table(lake, shadow, k, days, sample) for k in keys]
     landing = LandingZoneResource(landing_dir=str(landing_dir))
