@@ -94,6 +94,7 @@ ui: install dagster-home
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) build-support/check_imports.py
 
 format: install
 	$(VENV)/bin/ruff format .
