@@ -3,7 +3,7 @@
 Each check reads what the run committed (Delta) and the layer below it, aggregates both per
 partition in one Spark job each, and fails with ERROR severity naming the partitions and
 numbers. Blocking: a failure skips every downstream asset of the run, and the live path's
-sensors hold the failing partitions (see automation/sensors.py).
+sensors hold the failing partitions (see automation/window_sensor.py).
 """
 
 from datetime import timedelta
