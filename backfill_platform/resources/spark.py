@@ -2,17 +2,12 @@
 
 Runs use the in-process executor, so every step of a run shares this session: a ranged
 run pays the JVM start-up once. The Delta jars are fetched once by `make install`
-(`python -m backfill_platform.resources.spark --fetch-jars`), so no run waits on the network.
+(`resources/jars.py`), so no run waits on the network.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -20,7 +15,6 @@ from pydantic import Field
 from pyspark.sql import SparkSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DELTA_JARS_POM = REPO_ROOT / "build-support" / "delta-jars.pom.xml"
 
 
 def spark_jars_dir() -> Path:
@@ -32,7 +26,7 @@ def delta_jars() -> list[str]:
     if not any("delta-spark" in Path(j).name for j in jars):
         raise RuntimeError(
             f"Delta Lake jars are missing from {spark_jars_dir()}; run `make install` "
-            "(or `python -m backfill_platform.resources.spark --fetch-jars`)."
+            "(or `python -m backfill_platform.resources.jars --fetch-jars`)."
         )
     return jars
 
@@ -91,54 +85,3 @@ class SparkSessionResource(ConfigurableResource):
         }
         conf.update(self.extra_conf)
         return conf
-
-
-def fetch_delta_jars(target: Path | None = None) -> list[Path]:
-    """Resolve the Delta jars through Maven (which honours the machine's Maven settings).
-
-    Only `io.delta` artifacts are kept: everything else they depend on ships with pyspark,
-    and a second copy of Jackson or Parquet on the classpath breaks Spark.
-    """
-    target = target or spark_jars_dir()
-    if any(target.glob("delta-spark*.jar")):
-        return sorted(target.glob("*.jar"))
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-f",
-                str(DELTA_JARS_POM),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                "-DincludeGroupIds=io.delta",
-                f"-DoutputDirectory={tmp}",
-            ],
-            check=True,
-        )
-        target.mkdir(parents=True, exist_ok=True)
-        for jar in Path(tmp).glob("*.jar"):
-            shutil.copy2(jar, target / jar.name)
-    return sorted(target.glob("*.jar"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fetch-jars", action="store_true", help="download the Delta jars")
-    parser.add_argument("--check", action="store_true", help="start Spark and write a Delta table")
-    args = parser.parse_args(argv)
-    if args.fetch_jars:
-        for jar in fetch_delta_jars():
-            print(jar)
-    if args.check:
-        spark = SparkSessionResource(master="local[1]").get_session()
-        with tempfile.TemporaryDirectory() as tmp:
-            spark.range(3).write.format("delta").save(tmp + "/t")
-            rows = spark.read.format("delta").load(tmp + "/t").count()
-        print(f"spark {spark.version} with Delta: ok ({rows} rows)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
