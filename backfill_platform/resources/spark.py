@@ -1,8 +1,11 @@
-"""One SparkSession per process, with Delta Lake on the classpath from pre-fetched jars.
+"""The Spark session: typed settings, Delta on the classpath, one session per process.
 
-Runs use the in-process executor, so every step of a run shares this session: a ranged
-run pays the JVM start-up once. The Delta jars are fetched once by `make install`
-(`resources/jars.py`), so no run waits on the network.
+Runs use the in-process executor, so every step of a run shares the session and the runs
+of a chunked backfill reuse it: the JVM starts once. dagster-pyspark's LazyPySparkResource
+creates the session (lazily, one handle per run); this resource gives it typed settings,
+Delta's jars and extensions, and clears caches at run end without stopping the session
+(docs/spark-resource.md says why it wraps rather than subclasses). The jars are fetched
+once by `make install` (`resources/jars.py`), so no run waits on the network.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import os
 from pathlib import Path
 
 from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +36,11 @@ def delta_jars() -> list[str]:
 
 
 class SparkSessionResource(ConfigurableResource):
-    """Typed Spark settings; `get_session()` returns the process's session, creating it once."""
+    """Typed Spark settings; `get_session()` returns the process's session, creating it once.
+
+    The session is never stopped here: a chunked backfill runs chunk after chunk in one
+    process and every run after the first reuses it.
+    """
 
     master: str = Field(default="local[*]", description="Spark master URL (SPARK_MASTER).")
     app_name: str = "backfill_platform"
@@ -42,17 +50,26 @@ class SparkSessionResource(ConfigurableResource):
     driver_memory: str = "3g"
     ui_enabled: bool = False
     extra_conf: dict[str, str] = Field(default_factory=dict)
+    _pyspark: LazyPySparkResource | None = PrivateAttr(default=None)
 
     def get_session(self) -> SparkSession:
+        """The process's session, created with `spark_config()` if there is none yet.
+
+        One dagster-pyspark handle per resource instance, and Dagster makes one instance per
+        run: an existing session gets this resource's runtime SQL settings again (Spark's
+        getOrCreate), static ones (jars, memory, master) stay as the first run set them.
+        No active session (none yet, a stopped one, a new thread) means a new handle.
+        """
         active = SparkSession.getActiveSession()
-        if active is not None:
-            return active
-        builder = SparkSession.builder.master(self.master).appName(self.app_name)
-        for key, value in self._conf().items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("WARN")
-        return session
+        if self._pyspark is None or active is None:
+            self._pyspark = self.pyspark_resource()
+            if active is None:
+                self._pyspark.spark_session.sparkContext.setLogLevel("WARN")
+        return self._pyspark.spark_session
+
+    def pyspark_resource(self) -> LazyPySparkResource:
+        """These settings as dagster-pyspark's resource, for code written against it."""
+        return LazyPySparkResource(spark_config=self.spark_config())
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Drop what the run cached: the session outlives the run (in-process backfills run
@@ -61,8 +78,11 @@ class SparkSessionResource(ConfigurableResource):
         if active is not None:
             active.catalog.clearCache()
 
-    def _conf(self) -> dict[str, str]:
+    def spark_config(self) -> dict[str, str]:
+        """Every setting the session is created with; `extra_conf` overrides the others."""
         conf = {
+            "spark.master": self.master,
+            "spark.app.name": self.app_name,
             "spark.jars": ",".join(delta_jars()),
             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
