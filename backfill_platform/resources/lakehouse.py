@@ -190,14 +190,8 @@ class LakehouseResource(ConfigurableResource):
 
         The lock matters for a short window: VACUUM must not delete a writer's new files.
         """
-        conf = self.session.conf
-        previous = conf.get(_RETENTION_CHECK, "true")
-        conf.set(_RETENTION_CHECK, "false")
-        try:
-            with self.table_lock(key):
-                self.delta_table(key).vacuum(retention_hours)
-        finally:
-            conf.set(_RETENTION_CHECK, previous)
+        with self.spark.temporary_conf({_RETENTION_CHECK: "false"}), self.table_lock(key):
+            self.delta_table(key).vacuum(retention_hours)
 
     def shadows(self, suffix: str) -> list[str]:
         """The shadow tables of `suffix` that exist, one per registered table at most."""

@@ -11,6 +11,8 @@ once by `make install` (`resources/jars.py`), so no run waits on the network.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -71,6 +73,23 @@ class SparkSessionResource(ConfigurableResource):
         """These settings as dagster-pyspark's resource, for code written against it."""
         return LazyPySparkResource(spark_config=self.spark_config())
 
+    @contextmanager
+    def temporary_conf(self, settings: Mapping[str, str | None]) -> Iterator[SparkSession]:
+        """Runtime settings for the block only (None: unset), then put back as they were.
+
+        Every run in the process shares the session, so a setting one operation needs
+        (VACUUM below Delta's retention check, RESTORE's commit metadata) must not outlive
+        it, error or not.
+        """
+        session = self.get_session()
+        conf = session.conf
+        previous = {key: conf.get(key, None) for key in settings}
+        try:
+            _set_conf(session, settings)
+            yield session
+        finally:
+            _set_conf(session, previous)
+
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Drop what the run cached: the session outlives the run (in-process backfills run
         chunk after chunk in one session), so caches left behind would pile up in memory."""
@@ -105,3 +124,11 @@ class SparkSessionResource(ConfigurableResource):
         }
         conf.update(self.extra_conf)
         return conf
+
+
+def _set_conf(session: SparkSession, settings: Mapping[str, str | None]) -> None:
+    for key, value in settings.items():
+        if value is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, value)
