@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
-from backfill_platform.resources.lakehouse import LakehouseResource, table_name
+from backfill_platform.resources.lakehouse import LakehouseResource
 
 
 class SourcePreservationConfig(Config):
@@ -87,7 +87,7 @@ def guard_source(
     listed = "; ".join(loss.describe() for loss in losses[:20])
     if not config.allow_source_purge:
         raise Failure(
-            f"{table_name(key)}: refusing to replace raw by less; landing files are gone or "
+            f"{key.to_user_string()}: refusing to replace raw by less; landing files are gone or "
             f"shrank: {listed}. Raw is unchanged. Restore the files, or re-run with run "
             "config allow_source_purge=true and a purge_reason for a deliberate purge.",
             metadata={"lost_files": MetadataValue.json([loss.describe() for loss in losses])},

@@ -47,9 +47,17 @@ class CommitInfo:
     user_metadata: dict[str, Any]
 
 
-def table_name(key: AssetKey | str) -> str:
-    """`raw/orders` for AssetKey(["raw", "orders"]): the asset key names the storage path."""
-    return key if isinstance(key, str) else "/".join(key.path)
+def _name(key: AssetKey | str) -> str:
+    """`raw/orders` for AssetKey(["raw", "orders"]): the asset key names the storage path.
+
+    The lakehouse API takes either, so operators' `layer/name` strings need no conversion.
+    """
+    return key if isinstance(key, str) else key.to_user_string()
+
+
+# Kept for callers outside this package's resources/assets/checks until they move to
+# AssetKey.to_user_string(); new code must not use it.
+table_name = _name
 
 
 class LakehouseResource(ConfigurableResource):
@@ -72,7 +80,7 @@ class LakehouseResource(ConfigurableResource):
 
     def storage_name(self, key: AssetKey | str) -> str:
         """Where `key` is stored: its own path, or its shadow's when it is shadowed."""
-        name = table_name(key)
+        name = _name(key)
         if self.shadow_suffix and name in self.shadow_tables:
             return shadow_name(name, self.shadow_suffix)
         return name
@@ -138,7 +146,7 @@ class LakehouseResource(ConfigurableResource):
         commit if one falls outside it, so out-of-range rows leave the table untouched.
         New columns are added; a dropped or retyped column is refused before writing.
         """
-        name = table_name(key)
+        name = _name(key)
         path = self.table_path(key)
         token = uuid.uuid4().hex
         metadata = {
@@ -279,7 +287,7 @@ class LakehouseResource(ConfigurableResource):
                         rows_removed=int(metrics.get("numDeletedRows", 0)),
                         user_metadata=meta,
                     )
-        raise RuntimeError(f"{table_name(key)}: commit {token} not found in the Delta history")
+        raise RuntimeError(f"{_name(key)}: commit {token} not found in the Delta history")
 
     def covers(self, key: AssetKey | str, day: date) -> bool:
         """Whether one of our commits wrote `day`'s partition.
