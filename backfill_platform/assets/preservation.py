@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
 from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.tables import table
 
 
 class SourcePreservationConfig(Config):
@@ -45,17 +46,13 @@ class SourceLoss:
 
 
 def source_losses(
-    lake: LakehouseResource,
-    key: AssetKey,
-    day_column: str,
-    incoming: DataFrame,
-    start: date,
-    end: date,
+    lake: LakehouseResource, key: AssetKey, incoming: DataFrame, start: date, end: date
 ) -> list[SourceLoss]:
     """Files of [start, end) that raw holds more rows of than the re-ingest delivers."""
     if not lake.exists(key):
         return []
-    held = lake.read_range(key, day_column, start, end).groupBy(day_column, "file_name").count()
+    day_column = table(key).partition_column
+    held = lake.read_partitions(key, start, end).groupBy(day_column, "file_name").count()
     delivered = (
         incoming.groupBy(day_column, "file_name").count().withColumnRenamed("count", "delivered")
     )
@@ -75,13 +72,12 @@ def guard_source(
     config: SourcePreservationConfig,
     lake: LakehouseResource,
     key: AssetKey,
-    day_column: str,
     incoming: DataFrame,
     start: date,
     end: date,
 ) -> None:
     """Fail before writing when the re-ingest would lose rows, unless a purge is allowed."""
-    losses = source_losses(lake, key, day_column, incoming, start, end)
+    losses = source_losses(lake, key, incoming, start, end)
     if not losses:
         return
     listed = "; ".join(loss.describe() for loss in losses[:20])

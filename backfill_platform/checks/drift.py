@@ -20,10 +20,10 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
-    RunPartitions,
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import DRIFT_THRESHOLD, setting
 from backfill_platform.tables import TABLES, Table
@@ -32,7 +32,7 @@ CHECK_NAME = "drift_vs_previous_version"
 
 
 def run_commit_version(
-    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: RunPartitions
+    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: DayRange
 ) -> int | None:
     """The version this run committed; for a check run on its own, the newest commit that
     wrote any of the run's partitions."""
@@ -109,20 +109,20 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
         new_profile: dict[str, dict] = {}
         if version:
             old_profile = _profile(
-                lakehouse.read_range(key, partition_column, run.start, run.end, version - 1),
+                lakehouse.read_partitions(key, run.start, run.end, version - 1),
                 partition_column,
                 key_column,
                 measures,
             )
         if old_profile:
             new_profile = _profile(
-                lakehouse.read_range(key, partition_column, run.start, run.end, version),
+                lakehouse.read_partitions(key, run.start, run.end, version),
                 partition_column,
                 key_column,
                 measures,
             )
         results, worst_change = [], 0.0
-        for partition in run.keys:
+        for partition in run.partition_keys():
             old = old_profile.get(partition)
             if not old:
                 results.append(PartitionResult(partition, "-", "-", True, "no earlier rows"))
@@ -153,7 +153,7 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
             what=f"{registered.name} change vs previous version (threshold {threshold:.0%})",
             extra_metadata={
                 "delta_version": version if version is not None else -1,
-                "rewritten_partitions": sum(1 for p in run.keys if p in old_profile),
+                "rewritten_partitions": sum(1 for p in run.partition_keys() if p in old_profile),
                 "largest_change": float(worst_change),
             },
         ).to_result()

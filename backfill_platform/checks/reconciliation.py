@@ -57,13 +57,14 @@ def raw_rows_match_landing(
     """
     run = run_partitions(context)
     expected = {
-        day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day])) for day in run.keys
+        day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day]))
+        for day in run.partition_keys()
     }
     stats = {}
     if lakehouse.exists(RAW_ORDERS):
         stats = {
             r["ingest_date"].isoformat(): r
-            for r in lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end)
+            for r in lakehouse.read_partitions(RAW_ORDERS, run.start, run.end)
             .groupBy("ingest_date")
             .agg(
                 F.count(F.lit(1)).alias("rows"),
@@ -73,7 +74,7 @@ def raw_rows_match_landing(
             .collect()
         }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         row = stats.get(day)
         rows = row["rows"] if row else 0
         results.append(PartitionResult(day, expected[day], rows, rows == expected[day]))
@@ -131,7 +132,7 @@ def staging_accounts_for_raw(
     }
     staged = {
         r["event_date"].isoformat(): r
-        for r in lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
         .groupBy("event_date")
         .agg(
             F.count(F.lit(1)).alias("orders"),
@@ -141,7 +142,7 @@ def staging_accounts_for_raw(
         .collect()
     }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         raw_row, row = raw_counts.get(day), staged.get(day)
         expected = raw_row["rows"] if raw_row else 0
         rejects = raw_row["rejects"] if raw_row else 0
@@ -179,7 +180,7 @@ def rejects_match_raw(
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency)."""
     run = run_partitions(context)
     raw = with_unknown_currency(
-        lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end),
+        lakehouse.read_partitions(RAW_ORDERS, run.start, run.end),
         known_currencies(lakehouse),
     )
     expected = {
@@ -191,17 +192,17 @@ def rejects_match_raw(
     }
     actual = {
         r["ingest_date"].isoformat(): r["n"]
-        for r in lakehouse.read_range(STAGING_REJECTS, "ingest_date", run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_REJECTS, run.start, run.end)
         .groupBy("ingest_date")
         .agg(F.count(F.lit(1)).alias("n"))
         .collect()
     }
     results = []
-    for day in run.keys:
+    for day in run.partition_keys():
         want, got = expected.get(day, 0), actual.get(day, 0)
         results.append(PartitionResult(day, want, got, want == got))
     log_partition_metrics(
-        context, STAGING_REJECTS, {d: {"rejects": actual.get(d, 0)} for d in run.keys}
+        context, STAGING_REJECTS, {d: {"rejects": actual.get(d, 0)} for d in run.partition_keys()}
     )
     return CheckOutcome(
         "rejects_match_raw",
@@ -225,7 +226,7 @@ def fct_matches_staging(
     run = run_partitions(context)
     paid = F.col("status") == "paid"
     staged = (
-        lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
         .groupBy("event_date", "currency")
         .agg(
             F.count(F.lit(1)).alias("s_orders"),
@@ -235,7 +236,7 @@ def fct_matches_staging(
             .alias("s_local"),
         )
     )
-    fct = lakehouse.read_range(FCT_DAILY_REVENUE, "event_date", run.start, run.end).select(
+    fct = lakehouse.read_partitions(FCT_DAILY_REVENUE, run.start, run.end).select(
         "event_date",
         "currency",
         F.col("orders").alias("f_orders"),
@@ -276,7 +277,7 @@ def fct_matches_staging(
         .collect()
     }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         row = days.get(day)
         if row is None:
             results.append(PartitionResult(day, "no orders", "no rows", True))
@@ -317,7 +318,7 @@ def ltv_rolls_forward(
     """
     run = run_partitions(context)
     one_day = timedelta(days=1)
-    ltv = lakehouse.read_range(CUSTOMER_LTV, "snapshot_date", run.start - one_day, run.end)
+    ltv = lakehouse.read_partitions(CUSTOMER_LTV, run.start - one_day, run.end)
     current = ltv.where(F.col("snapshot_date") >= F.lit(run.start)).select(
         "snapshot_date",
         "customer_id",
@@ -332,12 +333,10 @@ def ltv_rolls_forward(
         F.col("lifetime_revenue_usd").cast(SUM_TYPE).alias("p_revenue"),
         F.col("first_order_date").alias("p_first"),
     )
-    paid = lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end).where(
+    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
-    rates = lakehouse.read_range(
-        RAW_FX_RATES, "rate_date", run.start - timedelta(days=REACH_DAYS), run.end
-    )
+    rates = lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end)
     day = (
         with_usd(paid, rates)
         .groupBy("customer_id", F.col("event_date").alias("snapshot_date"))
@@ -378,7 +377,7 @@ def ltv_rolls_forward(
         .collect()
     }
     results = []
-    for key in run.keys:
+    for key in run.partition_keys():
         row = days.get(key)
         if row is None:
             results.append(PartitionResult(key, "0 customers", "0 customers", True))
