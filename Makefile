@@ -31,7 +31,7 @@ $(INSTALLED): pyproject.toml
 
 # Delta's jars, fetched once through Maven so no run waits on the network afterwards.
 $(JARS): $(INSTALLED) build-support/delta-jars.pom.xml
-	$(PY) -m backfill_platform.resources.spark --fetch-jars
+	$(PY) -m backfill_platform.resources.jars --fetch-jars
 	touch $@
 
 jars: $(JARS)

@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame
 
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.resources import SparkSessionResource
-from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.runner import backfill, materialize_range
 from backfill_platform.tables import TABLE_NAMES
 
@@ -92,7 +91,7 @@ class Platform:
         selection: list[str] | None = None,
         raise_on_error: bool = True,
     ) -> ExecuteInProcessResult:
-        keys = [AssetKey(s.split("/")) for s in selection] if selection else None
+        keys = [AssetKey.from_user_string(s) for s in selection] if selection else None
         return materialize_range(
             all_assets,
             first_key,
@@ -128,7 +127,7 @@ class Platform:
         return {t: self.rows(t) for t in TABLE_NAMES if lake.exists(t)}
 
     def version(self, name: str) -> int | None:
-        return self.resources["lakehouse"].current_version(table_name(name))
+        return self.resources["lakehouse"].current_version(name)
 
 
 def dec(text: str) -> Decimal:

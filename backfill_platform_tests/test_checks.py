@@ -105,7 +105,7 @@ def copy(built, tmp_path):
 
 def _check_key(text: str) -> AssetCheckKey:
     asset, name = text.split(":")
-    return AssetCheckKey(AssetKey(asset.split("/")), name)
+    return AssetCheckKey(AssetKey.from_user_string(asset), name)
 
 
 def _run_checks(platform: Platform, checks: list[str], first=DAYS[0], last=DAYS[-1]):

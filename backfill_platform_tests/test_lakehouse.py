@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import TableWriteError
+from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
 from backfill_platform_tests.harness import spark_resource_for_tests
 
 TABLE = "marts/example"
@@ -108,6 +108,79 @@ def test_every_commit_carries_its_metadata(lake, spark):
     assert latest["metadata"]["dagster_run_id"] == "run-1"
     assert latest["metadata"]["code_version"] == "v7"
     assert lake.covers(TABLE, date(2024, 1, 1)) and not lake.covers(TABLE, date(2024, 1, 2))
+
+
+def test_table_state_is_read_through_delta_and_the_storage(lake, spark):
+    """Live files per partition from Delta's snapshot, every stored file (replaced ones
+    too) from the storage, and what VACUUM took from a version, without local paths."""
+    days = (date(2024, 1, 1), date(2024, 1, 4))
+    rows = [("2024-01-01", 1), ("2024-01-02", 2), ("2024-01-02", 3), ("2024-01-03", 4)]
+    lake.replace_range(TABLE, _days(spark, rows), "d", *days, {})
+    lake.replace_range(
+        TABLE, _days(spark, [("2024-01-03", 5)]), "d", date(2024, 1, 3), date(2024, 1, 4), {}
+    )
+    live = lake.partition_files(TABLE)
+    assert {p: (f.files, f.rows) for p, f in live.items()} == {
+        "2024-01-01": (1, 1),
+        "2024-01-02": (1, 2),
+        "2024-01-03": (1, 1),
+    }
+    detail = lake.detail(TABLE)
+    assert detail.partition_columns == ("d",)
+    assert detail.num_files == 3
+    assert detail.size_in_bytes == sum(f.bytes for f in live.values())
+    assert lake.partition_files(TABLE, ["2024-01-02", "2024-01-09"]) == {
+        "2024-01-02": live["2024-01-02"]
+    }
+    assert lake.partition_files(TABLE, version=0)["2024-01-03"].rows == 1
+
+    stored = lake.stored_files(TABLE)
+    assert [f.partition for f in stored].count("2024-01-03") == 2  # the replaced file stays
+    assert all(f.name.startswith("d=2024-01-0") and f.name.endswith(".parquet") for f in stored)
+    assert sum(f.size for f in stored if f.partition != "2024-01-03") == sum(
+        live[p].bytes for p in ("2024-01-01", "2024-01-02")
+    )
+    assert lake.missing_files(TABLE, 0) == []
+
+    assert lake.vacuum(TABLE, retention_hours=0) == 1
+    assert len(lake.stored_files(TABLE)) == 3
+    (gone,) = lake.missing_files(TABLE, 0)
+    assert "d=2024-01-03/" in gone
+    assert lake.partition_files(TABLE) == live
+    assert lake.detail("marts/absent") is None and lake.partition_files("marts/absent") == {}
+    assert lake.stored_files("marts/absent") == []
+    assert live["2024-01-01"] == PartitionFiles(1, live["2024-01-01"].bytes, 1)
+
+
+def test_exists_means_a_table_at_exactly_that_path(lake, spark):
+    lake.replace_range(
+        TABLE, _days(spark, [("2024-01-01", 1)]), "d", date(2024, 1, 1), date(2024, 1, 2), {}
+    )
+    assert lake.exists(TABLE)
+    assert not lake.exists(f"{TABLE}/d=2024-01-01")  # inside a table is not a table
+    assert not lake.exists("marts/absent")
+    Path(lake.table_path("marts/empty"), "_delta_log").mkdir(parents=True)
+    assert not lake.exists("marts/empty")  # a log folder without a commit
+
+
+def test_a_uri_root_is_addressed_as_a_uri(tmp_path, monkeypatch):
+    """An object-store root is never turned into a local path (no Spark needed for this)."""
+    monkeypatch.chdir(tmp_path)
+    lake = LakehouseResource(
+        root_dir="s3a://bucket/lake/",
+        spark=spark_resource_for_tests(),
+        shadow_suffix="v2",
+        shadow_tables=["marts/fct_daily_revenue"],
+    )
+    assert lake.table_path("raw/orders") == "s3a://bucket/lake/raw/orders"
+    assert lake.table_path("marts/fct_daily_revenue") == (
+        "s3a://bucket/lake/marts/fct_daily_revenue__shadow_v2"
+    )
+    with lake.table_lock("raw/orders"):
+        pass
+    assert list(tmp_path.iterdir()) == []  # no `s3a:` folder appeared in the working dir
+    local = LakehouseResource(root_dir=str(tmp_path / "lake"), spark=spark_resource_for_tests())
+    assert local.table_path("raw/orders") == str((tmp_path / "lake" / "raw" / "orders").resolve())
 
 
 WRITER = textwrap.dedent(

@@ -22,6 +22,10 @@ def chunked_backfill_policy() -> BackfillPolicy:
 
 
 def run_dates(context: AssetExecutionContext) -> tuple[date, date]:
-    """The run's half-open date range [start, end) from Dagster's time window."""
+    """The run's half-open date range [start, end) from Dagster's time window.
+
+    The dates are what Delta predicates take; where the days themselves are needed,
+    `DayRange.of_dates(*run_dates(context))` gives them (no counting by hand).
+    """
     window = context.partition_time_window
     return window.start.date(), window.end.date()

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import chunked_backfill_policy, run_dates
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -107,7 +108,8 @@ def customer_ltv(
     first. The snapshot before the range must exist (unless the range starts at the first
     partition); otherwise the run fails instead of restarting everyone's LTV at zero.
     """
-    start, _ = run_dates(context)
+    run = DayRange.of_dates(*run_dates(context))
+    start = run.start
     day_before = start - timedelta(days=1)
     first_partition = daily_partitions.start.date()
     base = None
@@ -117,12 +119,8 @@ def customer_ltv(
                 f"marts/customer_ltv has no snapshot for {day_before}; build the earlier "
                 "partitions first (LTV is cumulative and runs oldest to newest)."
             )
-        base = previous.where(F.col("snapshot_date") == F.lit(day_before))
-    snapshot_days = [
-        daily_partitions.time_window_for_partition_key(k).start.date()
-        for k in context.partition_keys
-    ]
+        base = previous.where(F.col(table(CUSTOMER_LTV).partition_column) == F.lit(day_before))
     orders = _orders_in_usd(staged, fx, spark.get_session())
-    return compute_customer_ltv(spark.get_session(), orders, base, snapshot_days).withColumn(
+    return compute_customer_ltv(spark.get_session(), orders, base, run.days()).withColumn(
         "_loaded_at", F.current_timestamp()
     )

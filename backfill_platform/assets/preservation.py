@@ -18,7 +18,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
-from backfill_platform.resources.lakehouse import LakehouseResource, table_name
+from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.tables import table
 
 
 class SourcePreservationConfig(Config):
@@ -45,17 +46,13 @@ class SourceLoss:
 
 
 def source_losses(
-    lake: LakehouseResource,
-    key: AssetKey,
-    day_column: str,
-    incoming: DataFrame,
-    start: date,
-    end: date,
+    lake: LakehouseResource, key: AssetKey, incoming: DataFrame, start: date, end: date
 ) -> list[SourceLoss]:
     """Files of [start, end) that raw holds more rows of than the re-ingest delivers."""
     if not lake.exists(key):
         return []
-    held = lake.read_range(key, day_column, start, end).groupBy(day_column, "file_name").count()
+    day_column = table(key).partition_column
+    held = lake.read_partitions(key, start, end).groupBy(day_column, "file_name").count()
     delivered = (
         incoming.groupBy(day_column, "file_name").count().withColumnRenamed("count", "delivered")
     )
@@ -75,19 +72,18 @@ def guard_source(
     config: SourcePreservationConfig,
     lake: LakehouseResource,
     key: AssetKey,
-    day_column: str,
     incoming: DataFrame,
     start: date,
     end: date,
 ) -> None:
     """Fail before writing when the re-ingest would lose rows, unless a purge is allowed."""
-    losses = source_losses(lake, key, day_column, incoming, start, end)
+    losses = source_losses(lake, key, incoming, start, end)
     if not losses:
         return
     listed = "; ".join(loss.describe() for loss in losses[:20])
     if not config.allow_source_purge:
         raise Failure(
-            f"{table_name(key)}: refusing to replace raw by less; landing files are gone or "
+            f"{key.to_user_string()}: refusing to replace raw by less; landing files are gone or "
             f"shrank: {listed}. Raw is unchanged. Restore the files, or re-run with run "
             "config allow_source_purge=true and a purge_reason for a deliberate purge.",
             metadata={"lost_files": MetadataValue.json([loss.describe() for loss in losses])},

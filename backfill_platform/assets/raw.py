@@ -55,7 +55,7 @@ def raw_orders(
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     parsed = every_line.where(~F.col("is_blank")).drop("is_blank")
-    guard_source(context, config, lakehouse, RAW_ORDERS, "ingest_date", parsed, *run_dates(context))
+    guard_source(context, config, lakehouse, RAW_ORDERS, parsed, *run_dates(context))
     stats = every_line.agg(
         F.count(F.when(~F.col("is_blank"), True)).alias("rows"),
         F.count(F.when(~F.col("is_blank"), F.col("reject_reason"))).alias("invalid_rows"),
@@ -106,7 +106,7 @@ def raw_fx_rates(
     conflicts = conflicting_rates(rates)
     if conflicts:
         raise Failure("Two different rates for one currency and day: " + "; ".join(conflicts))
-    guard_source(context, config, lakehouse, RAW_FX_RATES, "rate_date", rates, *run_dates(context))
+    guard_source(context, config, lakehouse, RAW_FX_RATES, rates, *run_dates(context))
     stats = rates.agg(
         F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
     ).first()

@@ -80,9 +80,9 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
     valid = with_unknown_currency(in_range, known).where(F.col("reject_reason").isNull())
     staged = latest_wins(valid).withColumn("_loaded_at", F.current_timestamp())
     rejects = staging_rejects(
-        with_unknown_currency(
-            lakehouse.read_range(RAW_ORDERS, "ingest_date", start, end), known
-        ).where(F.col("reject_reason").isNotNull())
+        with_unknown_currency(lakehouse.read_partitions(RAW_ORDERS, start, end), known).where(
+            F.col("reject_reason").isNotNull()
+        )
     )
     yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier())
     yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier())

@@ -7,8 +7,6 @@ VACUUM deletes only files no version inside the retention window needs, and the 
 never shorter than the shadow retention, so a cutover can still be rolled back inside it.
 """
 
-from pathlib import Path
-
 from dagster import (
     AssetObservation,
     Config,
@@ -53,9 +51,9 @@ def vacuum_lakehouse(
         name = registered.name
         if not lakehouse.exists(name):
             continue
-        before = _parquet_files(lakehouse, name)
+        before = len(lakehouse.stored_files(name))
         lakehouse.vacuum(name, retention)
-        after = _parquet_files(lakehouse, name)
+        after = len(lakehouse.stored_files(name))
         context.log_event(
             AssetObservation(
                 asset_key=registered.key,
@@ -66,10 +64,6 @@ def vacuum_lakehouse(
                 },
             )
         )
-
-
-def _parquet_files(lakehouse: LakehouseResource, name: str) -> int:
-    return sum(1 for _ in Path(lakehouse.table_path(name)).rglob("*.parquet"))
 
 
 @job(name="lakehouse_vacuum_job", description="VACUUM files older than the retention window.")

@@ -20,20 +20,19 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
-    RunPartitions,
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import table_name
 from backfill_platform.settings import DRIFT_THRESHOLD, setting
-from backfill_platform.tables import TABLES
+from backfill_platform.tables import TABLES, Table
 
 CHECK_NAME = "drift_vs_previous_version"
 
 
 def run_commit_version(
-    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: RunPartitions
+    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: DayRange
 ) -> int | None:
     """The version this run committed; for a check run on its own, the newest commit that
     wrote any of the run's partitions."""
@@ -86,14 +85,17 @@ def compare(old: dict, new: dict | None) -> dict[str, float]:
     return changes
 
 
-def drift_check(
-    key: AssetKey, partition_column: str, key_column: str, measures: list[str]
-) -> AssetChecksDefinition:
+def drift_check(registered: Table) -> AssetChecksDefinition:
+    """The drift check of a registered table: its partition column, first key column and
+    measures come from the registry."""
+    key, partition_column = registered.key, registered.partition_column
+    key_column, measures = registered.key_columns[0], list(registered.measures)
+
     @asset_check(
         asset=key,
         name=CHECK_NAME,
         partitions_def=daily_partitions,
-        description=f"{table_name(key)} vs its previous Delta version for the partitions a run "
+        description=f"{registered.name} vs its previous Delta version for the partitions a run "
         f"rewrote: rows, sums of {', '.join(measures)}, distinct {key_column}, NULL rate per "
         "column (WARN above BACKFILL_DRIFT_THRESHOLD).",
     )
@@ -107,20 +109,20 @@ def drift_check(
         new_profile: dict[str, dict] = {}
         if version:
             old_profile = _profile(
-                lakehouse.read_range(key, partition_column, run.start, run.end, version - 1),
+                lakehouse.read_partitions(key, run.start, run.end, version - 1),
                 partition_column,
                 key_column,
                 measures,
             )
         if old_profile:
             new_profile = _profile(
-                lakehouse.read_range(key, partition_column, run.start, run.end, version),
+                lakehouse.read_partitions(key, run.start, run.end, version),
                 partition_column,
                 key_column,
                 measures,
             )
         results, worst_change = [], 0.0
-        for partition in run.keys:
+        for partition in run.partition_keys():
             old = old_profile.get(partition)
             if not old:
                 results.append(PartitionResult(partition, "-", "-", True, "no earlier rows"))
@@ -148,10 +150,10 @@ def drift_check(
             key,
             results,
             severity=AssetCheckSeverity.WARN,
-            what=f"{table_name(key)} change vs previous version (threshold {threshold:.0%})",
+            what=f"{registered.name} change vs previous version (threshold {threshold:.0%})",
             extra_metadata={
                 "delta_version": version if version is not None else -1,
-                "rewritten_partitions": sum(1 for p in run.keys if p in old_profile),
+                "rewritten_partitions": sum(1 for p in run.partition_keys() if p in old_profile),
                 "largest_change": float(worst_change),
             },
         ).to_result()
@@ -159,8 +161,4 @@ def drift_check(
     return _drift
 
 
-drift_checks = [
-    drift_check(t.key, t.partition_column, t.key_columns[0], list(t.measures))
-    for t in TABLES
-    if t.measures
-]
+drift_checks = [drift_check(t) for t in TABLES if t.measures]

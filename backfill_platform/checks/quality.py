@@ -30,7 +30,9 @@ from backfill_platform.settings import (
     CHECK_TRAILING_DAYS,
     setting,
 )
-from backfill_platform.tables import STAGING_ORDERS
+from backfill_platform.tables import STAGING_ORDERS, table
+
+DAY = table(STAGING_ORDERS).partition_column  # event_date: the day every verdict is for
 
 # Contract 1.1: every field but customer_id is required; event_date is derived from one.
 REQUIRED_COLUMNS = (
@@ -68,13 +70,11 @@ def staging_orders_quality(
         context.op_execution_context.partition_time_window.end,
     )
     all_keys = daily_partitions.get_partition_keys_in_time_window(window)
-    staged = lakehouse.read_range(
-        STAGING_ORDERS, "event_date", window.start.date(), window.end.date()
-    )
-    columns = [c for c in staged.columns if not c.startswith("_") and c != "event_date"]
+    staged = lakehouse.read_partitions(STAGING_ORDERS, window.start.date(), window.end.date())
+    columns = [c for c in staged.columns if not c.startswith("_") and c != DAY]
     stats = {
-        r["event_date"].isoformat(): r.asDict()
-        for r in staged.groupBy("event_date")
+        r[DAY].isoformat(): r.asDict()
+        for r in staged.groupBy(DAY)
         .agg(
             F.count(F.lit(1)).alias("rows"),
             F.count_distinct("order_id").alias("order_ids"),
@@ -86,7 +86,7 @@ def staging_orders_quality(
     factor = float(setting(CHECK_ROW_COUNT_FACTOR))
     spike = float(setting(CHECK_NULL_SPIKE))
     min_history = int(setting(CHECK_MIN_HISTORY))
-    for key in run.keys:
+    for key in run.partition_keys():
         day = stats.get(key, {"rows": 0, "order_ids": 0})
         rows = day["rows"]
         unique.append(

@@ -14,11 +14,11 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.results import (
     CheckOutcome,
     PartitionResult,
-    RunPartitions,
     log_partition_metrics,
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.landing import ORDERS
 from backfill_platform.tables import (
@@ -65,17 +65,18 @@ def raw_rows_match_landing(
 
 
 def raw_vs_landing(
-    lakehouse: LakehouseResource, landing: LandingZoneResource, run: RunPartitions
+    lakehouse: LakehouseResource, landing: LandingZoneResource, run: DayRange
 ) -> Equation:
     """The equation of `raw_rows_match_landing` over `run`'s partitions."""
     expected = {
-        day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day])) for day in run.keys
+        day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day]))
+        for day in run.partition_keys()
     }
     stats = {}
     if lakehouse.exists(RAW_ORDERS):
         stats = {
             r["ingest_date"].isoformat(): r
-            for r in lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end)
+            for r in lakehouse.read_partitions(RAW_ORDERS, run.start, run.end)
             .groupBy("ingest_date")
             .agg(
                 F.count(F.lit(1)).alias("rows"),
@@ -85,7 +86,7 @@ def raw_vs_landing(
             .collect()
         }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         row = stats.get(day)
         rows = row["rows"] if row else 0
         results.append(PartitionResult(day, expected[day], rows, rows == expected[day]))
@@ -131,7 +132,7 @@ def staging_accounts_for_raw(
     return outcome.to_result()
 
 
-def staging_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+def staging_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
     """The equation of `staging_accounts_for_raw` over `run`'s partitions."""
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
@@ -149,7 +150,7 @@ def staging_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
     }
     staged = {
         r["event_date"].isoformat(): r
-        for r in lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
         .groupBy("event_date")
         .agg(
             F.count(F.lit(1)).alias("orders"),
@@ -159,7 +160,7 @@ def staging_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
         .collect()
     }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         raw_row, row = raw_counts.get(day), staged.get(day)
         expected = raw_row["rows"] if raw_row else 0
         rejects = raw_row["rejects"] if raw_row else 0
@@ -200,10 +201,10 @@ def rejects_match_raw(
     return outcome.to_result()
 
 
-def rejects_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+def rejects_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
     """The equation of `rejects_match_raw` over `run`'s partitions."""
     raw = with_unknown_currency(
-        lakehouse.read_range(RAW_ORDERS, "ingest_date", run.start, run.end),
+        lakehouse.read_partitions(RAW_ORDERS, run.start, run.end),
         known_currencies(lakehouse),
     )
     expected = {
@@ -215,13 +216,13 @@ def rejects_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
     }
     actual = {
         r["ingest_date"].isoformat(): r["n"]
-        for r in lakehouse.read_range(STAGING_REJECTS, "ingest_date", run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_REJECTS, run.start, run.end)
         .groupBy("ingest_date")
         .agg(F.count(F.lit(1)).alias("n"))
         .collect()
     }
     results = []
-    for day in run.keys:
+    for day in run.partition_keys():
         want, got = expected.get(day, 0), actual.get(day, 0)
         results.append(PartitionResult(day, want, got, want == got))
     outcome = CheckOutcome(
@@ -230,7 +231,7 @@ def rejects_vs_raw(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
         results,
         what="rejected raw rows vs staging/orders_rejects rows per ingest day",
     )
-    return outcome, {d: {"rejects": actual.get(d, 0)} for d in run.keys}
+    return outcome, {d: {"rejects": actual.get(d, 0)} for d in run.partition_keys()}
 
 
 @asset_check(
@@ -249,11 +250,11 @@ def fct_matches_staging(
     return outcome.to_result()
 
 
-def fct_vs_staging(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
     """The equation of `fct_matches_staging` over `run`'s partitions."""
     paid = F.col("status") == "paid"
     staged = (
-        lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
+        lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
         .groupBy("event_date", "currency")
         .agg(
             F.count(F.lit(1)).alias("s_orders"),
@@ -263,7 +264,7 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
             .alias("s_local"),
         )
     )
-    fct = lakehouse.read_range(FCT_DAILY_REVENUE, "event_date", run.start, run.end).select(
+    fct = lakehouse.read_partitions(FCT_DAILY_REVENUE, run.start, run.end).select(
         "event_date",
         "currency",
         F.col("orders").alias("f_orders"),
@@ -304,7 +305,7 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: RunPartitions) -> Equation
         .collect()
     }
     results, metrics = [], {}
-    for day in run.keys:
+    for day in run.partition_keys():
         row = days.get(day)
         if row is None:
             results.append(PartitionResult(day, "no orders", "no rows", True))
@@ -347,10 +348,10 @@ def ltv_rolls_forward(
     return outcome.to_result()
 
 
-def ltv_vs_previous_day(lakehouse: LakehouseResource, run: RunPartitions) -> Equation:
+def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> Equation:
     """The equation of `ltv_rolls_forward` over `run`'s partitions."""
     one_day = timedelta(days=1)
-    ltv = lakehouse.read_range(CUSTOMER_LTV, "snapshot_date", run.start - one_day, run.end)
+    ltv = lakehouse.read_partitions(CUSTOMER_LTV, run.start - one_day, run.end)
     current = ltv.where(F.col("snapshot_date") >= F.lit(run.start)).select(
         "snapshot_date",
         "customer_id",
@@ -365,12 +366,10 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: RunPartitions) -> Equ
         F.col("lifetime_revenue_usd").cast(SUM_TYPE).alias("p_revenue"),
         F.col("first_order_date").alias("p_first"),
     )
-    paid = lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end).where(
+    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
-    rates = lakehouse.read_range(
-        RAW_FX_RATES, "rate_date", run.start - timedelta(days=REACH_DAYS), run.end
-    )
+    rates = lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end)
     day = (
         with_usd(paid, rates)
         .groupBy("customer_id", F.col("event_date").alias("snapshot_date"))
@@ -411,7 +410,7 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: RunPartitions) -> Equ
         .collect()
     }
     results = []
-    for key in run.keys:
+    for key in run.partition_keys():
         row = days.get(key)
         if row is None:
             results.append(PartitionResult(key, "0 customers", "0 customers", True))
@@ -437,7 +436,7 @@ def layer_equation(
     lakehouse: LakehouseResource,
     landing: LandingZoneResource,
     key: AssetKey,
-    run: RunPartitions,
+    run: DayRange,
 ) -> CheckOutcome | None:
     """`key`'s blocking equation over `run`, outside a run: validation applies it to a shadow
     lakehouse, whose tables then answer to the layer they were built from."""

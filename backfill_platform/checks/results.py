@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date
 from typing import Any
 
 from dagster import (
@@ -29,23 +28,14 @@ from dagster import (
     TableSchema,
 )
 
-from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 
 PARTITIONS = "partitions"
 FAILED_PARTITIONS = "failed_partitions"
 MAX_LISTED = 5  # failing partitions spelled out in the verdict text
 
 
-@dataclass(frozen=True)
-class RunPartitions:
-    """The daily partitions a run covered: keys and the half-open date range."""
-
-    keys: list[str]
-    start: date
-    end: date
-
-
-def run_partitions(context: AssetCheckExecutionContext) -> RunPartitions:
+def run_partitions(context: AssetCheckExecutionContext) -> DayRange:
     """The check's partitions: one key in a single-partition run, the range in a ranged run."""
     op_context = context.op_execution_context
     if not op_context.has_partition_key and not op_context.has_partition_key_range:
@@ -54,8 +44,7 @@ def run_partitions(context: AssetCheckExecutionContext) -> RunPartitions:
             "partition range (it runs with every materialization of its asset)."
         )
     window = op_context.partition_time_window
-    keys = daily_partitions.get_partition_keys_in_time_window(window)
-    return RunPartitions(keys, window.start.date(), window.end.date())
+    return DayRange.of_dates(window.start.date(), window.end.date())
 
 
 @dataclass

@@ -29,7 +29,7 @@ from backfill_platform.settings import (
     SKEW_WORKERS,
     setting,
 )
-from backfill_platform.tables import STAGING_ORDERS
+from backfill_platform.tables import STAGING_ORDERS, table
 
 KEY = "customer_id"
 TOP_KEYS = 3
@@ -101,10 +101,10 @@ def customer_id_skew(
         "max_median_ratio": float(setting(SKEW_MAX_MEDIAN_RATIO)),
         "hash_imbalance": float(setting(SKEW_IMBALANCE)),
     }
-    staged = lakehouse.read_range(STAGING_ORDERS, "event_date", run.start, run.end)
-    per_day = key_skew(staged, KEY, "event_date", workers)
+    staged = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
+    per_day = key_skew(staged, KEY, table(STAGING_ORDERS).partition_column, workers)
     whole = key_skew(staged.withColumn(RUN, F.lit(RUN)), KEY, RUN, workers).get(RUN)
-    results = [_verdict(key, per_day.get(key), limits) for key in run.keys]
+    results = [_verdict(key, per_day.get(key), limits) for key in run.partition_keys()]
     expected = ", ".join(f"{k} <= {v:g}" for k, v in limits.items())
     return CheckOutcome(
         "customer_id_skew",

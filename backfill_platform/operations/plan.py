@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 
 from dagster import AssetKey, DagsterInstance
-from pyspark.sql import functions as F
 
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.operations.conflicts import conflicting_runs
@@ -154,10 +153,8 @@ def build_plan(
 
 
 def _size(lake: LakehouseResource, key: AssetKey, keys: list[str]) -> tuple[int, int, int]:
-    """Rows, files and bytes the partitions hold now (Delta prunes to their files)."""
-    if not keys or not lake.exists(key):
+    """Rows, files and bytes the partitions hold now, in one pass over Delta's file list."""
+    if not keys:
         return 0, 0, 0
-    column = table(key).partition_column
-    rows = lake.read(key).where(F.col(column).isin([date.fromisoformat(k) for k in keys])).count()
     files = lake.partition_files(key, keys).values()
-    return rows, sum(f["files"] for f in files), sum(f["bytes"] for f in files)
+    return sum(f.rows for f in files), sum(f.files for f in files), sum(f.bytes for f in files)

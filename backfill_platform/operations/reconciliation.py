@@ -16,7 +16,7 @@ from dagster import AssetKey
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.reconciliation import layer_equation
-from backfill_platform.checks.results import CheckOutcome, PartitionResult, RunPartitions
+from backfill_platform.checks.results import CheckOutcome, PartitionResult
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.tables import FCT_DAILY_REVENUE, RAW_FX_RATES, STAGING_ORDERS, table
@@ -31,7 +31,7 @@ def reconcile_layers(
 ) -> dict | None:
     """{"ok", "details"} of `keys` over `days` (None when none has an equation); `lake` is
     the shadow lakehouse when validating."""
-    run = RunPartitions(days.partition_keys(), days.start, days.end)
+    run = days
     outcomes = [o for k in keys if (o := layer_equation(lake, landing, k, run)) is not None]
     if FCT_DAILY_REVENUE in keys:
         outcomes.append(fct_usd_vs_staging(lake, run))
@@ -40,7 +40,7 @@ def reconcile_layers(
     return {"ok": not any(o.failed for o in outcomes), "details": [o.verdict() for o in outcomes]}
 
 
-def fct_usd_vs_staging(lake: LakehouseResource, run: RunPartitions) -> CheckOutcome:
+def fct_usd_vs_staging(lake: LakehouseResource, run: DayRange) -> CheckOutcome:
     """Per event day and currency: fct revenue_usd == staging's paid amounts at the rate of
     their day (the latest within FX's reach), summed exactly."""
     outcome = CheckOutcome(
@@ -57,7 +57,7 @@ def fct_usd_vs_staging(lake: LakehouseResource, run: RunPartitions) -> CheckOutc
         # Only rates up to each event day count, so the whole (small) rates table is the input.
         converted = with_usd(paid, lake.read(RAW_FX_RATES))
     except FxRateError as error:
-        span = f"{run.keys[0]}..{run.keys[-1]}"
+        span = str(run)
         outcome.results.append(PartitionResult(span, "a rate per order", "none", False, str(error)))
         return outcome
     expected = converted.groupBy(F.col("event_date").alias(column), "currency").agg(
@@ -78,7 +78,7 @@ def fct_usd_vs_staging(lake: LakehouseResource, run: RunPartitions) -> CheckOutc
         )
         .collect()
     }
-    for day in run.keys:
+    for day in run.partition_keys():
         row = days.get(day)
         if row is None:
             outcome.results.append(PartitionResult(day, "no paid orders", "no rows", True))

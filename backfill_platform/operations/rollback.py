@@ -9,7 +9,6 @@ leaves every table as it was.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from dagster import AssetKey, AssetObservation, DagsterInstance
@@ -68,26 +67,12 @@ def find_cutover(lake: LakehouseResource, cutover_id: str | None) -> dict[str, d
 
 def missing_files(lake: LakehouseResource, table: str, version: int) -> list[str]:
     """Data files of `version` that are gone (vacuumed): time travel to it would fail."""
-    return [
-        uri
-        for files in lake.partition_files(table, version=version).values()
-        for uri in files["missing"]
-    ]
+    return lake.missing_files(table, version)
 
 
-@contextmanager
 def _commit_metadata(lake: LakehouseResource, metadata: dict):
     """RESTORE takes no userMetadata option; Delta reads it from this session setting."""
-    conf = lake.session.conf
-    previous = conf.get(_USER_METADATA_CONF, None)
-    conf.set(_USER_METADATA_CONF, json.dumps(metadata, sort_keys=True))
-    try:
-        yield
-    finally:
-        if previous is None:
-            conf.unset(_USER_METADATA_CONF)
-        else:
-            conf.set(_USER_METADATA_CONF, previous)
+    return lake.spark.temporary_conf({_USER_METADATA_CONF: json.dumps(metadata, sort_keys=True)})
 
 
 def _foreign(instance: DagsterInstance | None, meta: dict, cutover_id: str) -> bool:

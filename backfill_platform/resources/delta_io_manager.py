@@ -14,7 +14,7 @@ from dagster import (
 )
 from pyspark.sql import DataFrame
 
-from backfill_platform.resources.lakehouse import LakehouseResource, table_name
+from backfill_platform.resources.lakehouse import LakehouseResource
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
@@ -75,7 +75,7 @@ def commit_metadata(context: OutputContext) -> dict[str, str | None]:
     purge = (context.output_metadata or {}).get(SOURCE_PURGE)
     return {
         "dagster_run_id": context.run_id,
-        "asset_key": table_name(context.asset_key),
+        "asset_key": context.asset_key.to_user_string(),
         "code_version": context.asset_spec.code_version,
         **({SOURCE_PURGE: getattr(purge, "value", purge)} if purge is not None else {}),
     }
@@ -85,7 +85,7 @@ def _partition_column(metadata, context: InputContext | OutputContext) -> str:
     column = (metadata or {}).get(PARTITION_EXPR)
     if not column:
         raise ValueError(
-            f"{table_name(context.asset_key)}: asset has no '{PARTITION_EXPR}' metadata naming "
-            "its date column; the Delta IO manager needs it to replace the run's range."
+            f"{context.asset_key.to_user_string()}: asset has no '{PARTITION_EXPR}' metadata "
+            "naming its date column; the Delta IO manager needs it to replace the run's range."
         )
     return str(column)

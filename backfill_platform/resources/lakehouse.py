@@ -8,14 +8,18 @@ are the same operation and running it twice leaves the table as running it once.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import re
+import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from dagster import AssetKey, ConfigurableResource
 from delta.tables import DeltaTable
@@ -26,7 +30,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.resources.spark import SparkSessionResource
-from backfill_platform.tables import TABLES, shadow_name
+from backfill_platform.tables import TABLES, shadow_name, table
 
 
 class TableWriteError(Exception):
@@ -47,9 +51,41 @@ class CommitInfo:
     user_metadata: dict[str, Any]
 
 
-def table_name(key: AssetKey | str) -> str:
-    """`raw/orders` for AssetKey(["raw", "orders"]): the asset key names the storage path."""
-    return key if isinstance(key, str) else "/".join(key.path)
+@dataclass(frozen=True)
+class TableDetail:
+    """DESCRIBE DETAIL of a table: its live files as the Delta log counts them."""
+
+    location: str
+    num_files: int
+    size_in_bytes: int
+    partition_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PartitionFiles:
+    """A partition's live data files in a Delta version: how many, their bytes, their rows."""
+
+    files: int
+    bytes: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A data file in the table's storage, live or not (replaced files stay until VACUUM)."""
+
+    path: str  # as the storage lists it: `file:/...`, `s3a://...`
+    name: str  # relative to the table: `event_date=2024-01-01/part-....parquet`
+    partition: str | None  # its folder's partition value(s), `/`-joined; None at the root
+    size: int
+
+
+def _name(key: AssetKey | str) -> str:
+    """`raw/orders` for AssetKey(["raw", "orders"]): the asset key names the storage path.
+
+    The lakehouse API takes either, so operators' `layer/name` strings need no conversion.
+    """
+    return key if isinstance(key, str) else key.to_user_string()
 
 
 class LakehouseResource(ConfigurableResource):
@@ -72,17 +108,26 @@ class LakehouseResource(ConfigurableResource):
 
     def storage_name(self, key: AssetKey | str) -> str:
         """Where `key` is stored: its own path, or its shadow's when it is shadowed."""
-        name = table_name(key)
+        name = _name(key)
         if self.shadow_suffix and name in self.shadow_tables:
             return shadow_name(name, self.shadow_suffix)
         return name
 
     def table_path(self, key: AssetKey | str) -> str:
-        return str(Path(self.root_dir).resolve() / self.storage_name(key))
+        """A resolved local path, or `<root>/<name>` for a URI root such as `s3a://bucket/lake`."""
+        local = self._local_root()
+        if local is None:
+            return f"{self.root_dir.rstrip('/')}/{self.storage_name(key)}"
+        return str(local / self.storage_name(key))
 
     def exists(self, key: AssetKey | str) -> bool:
-        return (Path(self.table_path(key)) / "_delta_log").is_dir() and DeltaTable.isDeltaTable(
-            self.session, self.table_path(key)
+        """A Delta table is stored at exactly `key`'s path (not merely inside one).
+
+        Asked of the storage through Hadoop's FileSystem and of Delta, so a remote root works.
+        """
+        path = self.table_path(key)
+        return self._storage_exists(f"{path}/_delta_log") and DeltaTable.isDeltaTable(
+            self.session, path
         )
 
     def delta_table(self, key: AssetKey | str) -> DeltaTable:
@@ -100,6 +145,12 @@ class LakehouseResource(ConfigurableResource):
         """Rows with start <= column < end (partition pruning does the rest)."""
         return self.read(key, version).where(_range_predicate(column, start, end))
 
+    def read_partitions(
+        self, key: AssetKey | str, start: date, end: date, version: int | None = None
+    ) -> DataFrame:
+        """A registered table's partitions in [start, end), on its registered column."""
+        return self.read_range(key, table(key).partition_column, start, end, version)
+
     def current_version(self, key: AssetKey | str) -> int | None:
         if not self.exists(key):
             return None
@@ -113,8 +164,11 @@ class LakehouseResource(ConfigurableResource):
         and each Dagster run is its own JVM: two runs committing version N at once could
         lose one commit. Holding an OS file lock around the commit serializes writers to a
         table across processes (writers to different tables never wait for each other).
+        Under a URI root the lock files live in the machine's temporary directory: they
+        serialize this machine's writers; several machines need Delta's own multi-cluster
+        log store for that storage (e.g. S3DynamoDBLogStore).
         """
-        lock_dir = Path(self.root_dir).resolve() / "_locks"
+        lock_dir = self._lock_dir()
         lock_dir.mkdir(parents=True, exist_ok=True)
         with open(lock_dir / (self.storage_name(key).replace("/", "__") + ".lock"), "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -138,7 +192,7 @@ class LakehouseResource(ConfigurableResource):
         commit if one falls outside it, so out-of-range rows leave the table untouched.
         New columns are added; a dropped or retyped column is refused before writing.
         """
-        name = table_name(key)
+        name = _name(key)
         path = self.table_path(key)
         token = uuid.uuid4().hex
         metadata = {
@@ -184,20 +238,112 @@ class LakehouseResource(ConfigurableResource):
                 raise
             return self._find_commit(key, token)
 
-    def vacuum(self, key: AssetKey | str, retention_hours: float) -> None:
+    def vacuum(self, key: AssetKey | str, retention_hours: float) -> int | None:
         """VACUUM under the table lock, with the caller's retention window in place of
         Delta's fixed 7-day check (callers enforce their own floor: the shadow retention).
 
         The lock matters for a short window: VACUUM must not delete a writer's new files.
+        Returns the files it deleted, from the VACUUM END commit Delta logs (None if Delta's
+        VACUUM logging is off).
         """
-        conf = self.session.conf
-        previous = conf.get(_RETENTION_CHECK, "true")
-        conf.set(_RETENTION_CHECK, "false")
-        try:
-            with self.table_lock(key):
-                self.delta_table(key).vacuum(retention_hours)
-        finally:
-            conf.set(_RETENTION_CHECK, previous)
+        with self.spark.temporary_conf({_RETENTION_CHECK: "false"}), self.table_lock(key):
+            table_ = self.delta_table(key)
+            table_.vacuum(retention_hours)
+            latest = table_.history(1).first()
+        if latest["operation"] != "VACUUM END":
+            return None
+        return int((latest["operationMetrics"] or {}).get("numDeletedFiles", 0))
+
+    # -- table state, read through Delta and the storage's FileSystem (no local paths) ------
+    def detail(self, key: AssetKey | str) -> TableDetail | None:
+        """DESCRIBE DETAIL: the live files' count and bytes and the partition columns."""
+        if not self.exists(key):
+            return None
+        row = self.delta_table(key).detail().first()
+        return TableDetail(
+            location=row["location"],
+            num_files=int(row["numFiles"]),
+            size_in_bytes=int(row["sizeInBytes"]),
+            partition_columns=tuple(row["partitionColumns"]),
+        )
+
+    def partition_files(
+        self,
+        key: AssetKey | str,
+        partitions: Iterable[str] | None = None,
+        version: int | None = None,
+    ) -> dict[str, PartitionFiles]:
+        """Partition value (`2024-01-01`) -> live data files, bytes and rows of `version`.
+
+        One Spark job over the files Delta's snapshot lists (pruned to `partitions`), with
+        each file's size as the Delta log recorded it (`_metadata.file_size`); only file
+        footers are read. Partitions without rows are absent.
+        """
+        detail = self.detail(key)
+        if detail is None:
+            return {}
+        columns = detail.partition_columns
+        value = (
+            F.concat_ws("/", *(F.col(c).cast("string") for c in columns)) if columns else F.lit("")
+        )
+        df = self.read(key, version)
+        if partitions is not None:
+            if len(columns) != 1:
+                raise ValueError(f"{_name(key)}: partition filter needs one partition column")
+            df = df.where(F.col(columns[0]).cast("string").isin(sorted(set(partitions))))
+        per_file = df.groupBy(
+            value.alias("partition"),
+            F.col("_metadata.file_path").alias("path"),
+            F.col("_metadata.file_size").alias("size"),
+        ).agg(F.count(F.lit(1)).alias("rows"))
+        return {
+            r["partition"]: PartitionFiles(int(r["files"]), int(r["bytes"]), int(r["rows"]))
+            for r in per_file.groupBy("partition")
+            .agg(
+                F.count("path").alias("files"),
+                F.sum("size").alias("bytes"),
+                F.sum("rows").alias("rows"),
+            )
+            .collect()
+        }
+
+    def stored_files(self, key: AssetKey | str) -> list[StoredFile]:
+        """Every Parquet data file under the table's path, live or replaced, sorted by name.
+
+        What the storage holds, not what a version reads: VACUUM shrinks this, a killed
+        write can leave a file here that no commit added. Listed by Spark's binaryFile
+        source (the storage's FileSystem, file contents unread), the log excluded.
+        """
+        if not self.exists(key):
+            return []
+        path = self.table_path(key)
+        listed = (
+            self.session.read.format("binaryFile")
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.parquet")
+            .load(path)
+            .select("path", "length")
+            .collect()
+        )
+        base = _storage_key(path).rstrip("/") + "/"
+        found = []
+        for row in listed:
+            name = _storage_key(row["path"]).removeprefix(base)
+            if name.split("/")[0] == "_delta_log":
+                continue
+            folder = name.rpartition("/")[0]
+            values = [part.partition("=")[2] for part in folder.split("/") if "=" in part]
+            partition = "/".join(values) if values else None
+            found.append(StoredFile(row["path"], name, partition, int(row["length"])))
+        return sorted(found, key=lambda f: f.name)
+
+    def missing_files(self, key: AssetKey | str, version: int) -> list[str]:
+        """Data files `version` reads that the storage no longer holds (vacuumed): time
+        travel to that version, or a RESTORE of it, would fail."""
+        stored = {_storage_key(f.path) for f in self.stored_files(key)}
+        return sorted(
+            f for f in self.read(key, version).inputFiles() if _storage_key(f) not in stored
+        )
 
     def shadows(self, suffix: str) -> list[str]:
         """The shadow tables of `suffix` that exist, one per registered table at most."""
@@ -213,34 +359,65 @@ class LakehouseResource(ConfigurableResource):
         path (symlinks followed) is compared with its resolved layer directory. Every shadow
         is checked before the first is deleted, so a refusal deletes nothing.
         """
-        root = Path(self.root_dir).resolve()
+        root = self._local_root()
         doomed = []
         for registered in TABLES:
             name = shadow_name(registered.name, suffix)
-            layer_dir = (root / registered.layer).resolve()
-            path = (root / name).resolve()
-            if not (root / name).exists() and not (root / name).is_symlink():
-                continue
-            if (
-                layer_dir.parent != root
-                or path.parent != layer_dir
-                or path.name != name.split("/")[1]
-            ):
-                raise TableDropRefused(
-                    f"{name}: resolves to {path}, not a table directly under "
-                    f"{root / registered.layer}; nothing was deleted."
-                )
+            if root is None:
+                # Object stores have no symlinks: the validated name is the whole guard.
+                path = shown = self.table_path(name)
+                if not self._storage_exists(path):
+                    continue
+            else:
+                layer_dir = (root / registered.layer).resolve()
+                resolved = (root / name).resolve()
+                if not (root / name).exists() and not (root / name).is_symlink():
+                    continue
+                if (
+                    layer_dir.parent != root
+                    or resolved.parent != layer_dir
+                    or resolved.name != name.split("/")[1]
+                ):
+                    raise TableDropRefused(
+                        f"{name}: resolves to {resolved}, not a table directly under "
+                        f"{root / registered.layer}; nothing was deleted."
+                    )
+                path, shown = resolved.as_uri(), resolved
             if not self.exists(name):
-                raise TableDropRefused(f"{name}: {path} is not a Delta table; nothing was deleted.")
-            doomed.append((name, path))
-        context = self.session.sparkContext
-        for name, path in doomed:
-            hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path.as_uri())
-            with self.table_lock(name):
-                hadoop_path.getFileSystem(context._jsc.hadoopConfiguration()).delete(
-                    hadoop_path, True
+                raise TableDropRefused(
+                    f"{name}: {shown} is not a Delta table; nothing was deleted."
                 )
+            doomed.append((name, path))
+        for name, path in doomed:
+            with self.table_lock(name):
+                filesystem, hadoop_path = self._storage(path)
+                filesystem.delete(hadoop_path, True)
         return [name for name, _ in doomed]
+
+    def _local_root(self) -> Path | None:
+        """The root as a resolved local directory; None for a remote URI (`s3a://...`)."""
+        parsed = urlparse(self.root_dir)
+        if not _URI.match(self.root_dir):
+            return Path(self.root_dir).resolve()
+        return Path(unquote(parsed.path)).resolve() if parsed.scheme == "file" else None
+
+    def _lock_dir(self) -> Path:
+        local = self._local_root()
+        if local is not None:
+            return local / "_locks"
+        digest = hashlib.sha256(self.root_dir.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / "backfill_platform_locks" / digest
+
+    def _storage(self, path: str):
+        """Hadoop's FileSystem for `path` and the path itself: the storage layer Spark and
+        Delta use, whatever the scheme (local, s3a, ...)."""
+        context = self.session.sparkContext
+        hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path)
+        return hadoop_path.getFileSystem(context._jsc.hadoopConfiguration()), hadoop_path
+
+    def _storage_exists(self, path: str) -> bool:
+        filesystem, hadoop_path = self._storage(path)
+        return bool(filesystem.exists(hadoop_path))
 
     def _check_schema(self, name: str, df: DataFrame) -> bool:
         """Refuse dropped or retyped columns; report whether the write adds columns."""
@@ -285,7 +462,7 @@ class LakehouseResource(ConfigurableResource):
                         rows_removed=int(metrics.get("numDeletedRows", 0)),
                         user_metadata=meta,
                     )
-        raise RuntimeError(f"{table_name(key)}: commit {token} not found in the Delta history")
+        raise RuntimeError(f"{_name(key)}: commit {token} not found in the Delta history")
 
     def covers(self, key: AssetKey | str, day: date) -> bool:
         """Whether one of our commits wrote `day`'s partition.
@@ -337,40 +514,9 @@ class LakehouseResource(ConfigurableResource):
             for r in rows
         ]
 
-    def partition_files(
-        self, key: AssetKey | str, partitions: list[str] | None = None, version: int | None = None
-    ) -> dict[str, dict[str, Any]]:
-        """Partition key -> {"files", "bytes", "missing"} of the table (at `version`), for
-        `partitions` (default: all).
-
-        The files are the Delta snapshot's (pruned to the partitions), their sizes and
-        existence come from the Hadoop filesystem, so this holds on any storage Spark reads;
-        `missing` lists files the snapshot needs that storage no longer has (vacuumed).
-        """
-        if not self.exists(key):
-            return {}
-        df = self.read(key, version)
-        if partitions is not None:
-            (column,) = self.delta_table(key).detail().first()["partitionColumns"]
-            df = df.where(F.col(column).isin([date.fromisoformat(p) for p in partitions]))
-        context = self.session.sparkContext
-        hadoop_conf = context._jsc.hadoopConfiguration()
-        found: dict[str, dict[str, Any]] = {}
-        for uri in df.inputFiles():
-            path = context._jvm.org.apache.hadoop.fs.Path(uri)
-            filesystem = path.getFileSystem(hadoop_conf)
-            # Tables are written partitionBy(column): each file sits under `<column>=<key>/`.
-            partition = path.getParent().getName().partition("=")[2]
-            entry = found.setdefault(partition, {"files": 0, "bytes": 0, "missing": []})
-            entry["files"] += 1
-            if filesystem.exists(path):
-                entry["bytes"] += filesystem.getFileStatus(path).getLen()
-            else:
-                entry["missing"].append(uri)
-        return found
-
 
 _OUT_OF_RANGE = "row outside the partition range"
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
@@ -393,3 +539,10 @@ def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFram
 
 def _range_predicate(column: str, start: date, end: date) -> str:
     return f"`{column}` >= DATE'{start.isoformat()}' AND `{column}` < DATE'{end.isoformat()}'"
+
+
+def _storage_key(uri: str) -> str:
+    """One spelling per stored file: `file:/a`, `file:///a` and `/a` all give `/a`, a
+    remote URI keeps its bucket (`s3a://b/k` gives `b/k`), percent-escapes are decoded."""
+    parsed = urlparse(uri)
+    return f"{parsed.netloc}{unquote(parsed.path)}" if parsed.netloc else unquote(parsed.path)

@@ -1,26 +1,26 @@
-"""One SparkSession per process, with Delta Lake on the classpath from pre-fetched jars.
+"""The Spark session: typed settings, Delta on the classpath, one session per process.
 
-Runs use the in-process executor, so every step of a run shares this session: a ranged
-run pays the JVM start-up once. The Delta jars are fetched once by `make install`
-(`python -m backfill_platform.resources.spark --fetch-jars`), so no run waits on the network.
+Runs use the in-process executor, so every step of a run shares the session and the runs
+of a chunked backfill reuse it: the JVM starts once. dagster-pyspark's LazyPySparkResource
+creates the session (lazily, one handle per run); this resource gives it typed settings,
+Delta's jars and extensions, and clears caches at run end without stopping the session
+(docs/spark-resource.md says why it wraps rather than subclasses). The jars are fetched
+once by `make install` (`resources/jars.py`), so no run waits on the network.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DELTA_JARS_POM = REPO_ROOT / "build-support" / "delta-jars.pom.xml"
 
 
 def spark_jars_dir() -> Path:
@@ -32,13 +32,17 @@ def delta_jars() -> list[str]:
     if not any("delta-spark" in Path(j).name for j in jars):
         raise RuntimeError(
             f"Delta Lake jars are missing from {spark_jars_dir()}; run `make install` "
-            "(or `python -m backfill_platform.resources.spark --fetch-jars`)."
+            "(or `python -m backfill_platform.resources.jars --fetch-jars`)."
         )
     return jars
 
 
 class SparkSessionResource(ConfigurableResource):
-    """Typed Spark settings; `get_session()` returns the process's session, creating it once."""
+    """Typed Spark settings; `get_session()` returns the process's session, creating it once.
+
+    The session is never stopped here: a chunked backfill runs chunk after chunk in one
+    process and every run after the first reuses it.
+    """
 
     master: str = Field(default="local[*]", description="Spark master URL (SPARK_MASTER).")
     app_name: str = "backfill_platform"
@@ -48,17 +52,43 @@ class SparkSessionResource(ConfigurableResource):
     driver_memory: str = "3g"
     ui_enabled: bool = False
     extra_conf: dict[str, str] = Field(default_factory=dict)
+    _pyspark: LazyPySparkResource | None = PrivateAttr(default=None)
 
     def get_session(self) -> SparkSession:
+        """The process's session, created with `spark_config()` if there is none yet.
+
+        One dagster-pyspark handle per resource instance, and Dagster makes one instance per
+        run: an existing session gets this resource's runtime SQL settings again (Spark's
+        getOrCreate), static ones (jars, memory, master) stay as the first run set them.
+        No active session (none yet, a stopped one, a new thread) means a new handle.
+        """
         active = SparkSession.getActiveSession()
-        if active is not None:
-            return active
-        builder = SparkSession.builder.master(self.master).appName(self.app_name)
-        for key, value in self._conf().items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("WARN")
-        return session
+        if self._pyspark is None or active is None:
+            self._pyspark = self.pyspark_resource()
+            if active is None:
+                self._pyspark.spark_session.sparkContext.setLogLevel("WARN")
+        return self._pyspark.spark_session
+
+    def pyspark_resource(self) -> LazyPySparkResource:
+        """These settings as dagster-pyspark's resource, for code written against it."""
+        return LazyPySparkResource(spark_config=self.spark_config())
+
+    @contextmanager
+    def temporary_conf(self, settings: Mapping[str, str | None]) -> Iterator[SparkSession]:
+        """Runtime settings for the block only (None: unset), then put back as they were.
+
+        Every run in the process shares the session, so a setting one operation needs
+        (VACUUM below Delta's retention check, RESTORE's commit metadata) must not outlive
+        it, error or not.
+        """
+        session = self.get_session()
+        conf = session.conf
+        previous = {key: conf.get(key, None) for key in settings}
+        try:
+            _set_conf(session, settings)
+            yield session
+        finally:
+            _set_conf(session, previous)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Drop what the run cached: the session outlives the run (in-process backfills run
@@ -67,8 +97,11 @@ class SparkSessionResource(ConfigurableResource):
         if active is not None:
             active.catalog.clearCache()
 
-    def _conf(self) -> dict[str, str]:
+    def spark_config(self) -> dict[str, str]:
+        """Every setting the session is created with; `extra_conf` overrides the others."""
         conf = {
+            "spark.master": self.master,
+            "spark.app.name": self.app_name,
             "spark.jars": ",".join(delta_jars()),
             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -93,52 +126,9 @@ class SparkSessionResource(ConfigurableResource):
         return conf
 
 
-def fetch_delta_jars(target: Path | None = None) -> list[Path]:
-    """Resolve the Delta jars through Maven (which honours the machine's Maven settings).
-
-    Only `io.delta` artifacts are kept: everything else they depend on ships with pyspark,
-    and a second copy of Jackson or Parquet on the classpath breaks Spark.
-    """
-    target = target or spark_jars_dir()
-    if any(target.glob("delta-spark*.jar")):
-        return sorted(target.glob("*.jar"))
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-f",
-                str(DELTA_JARS_POM),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                "-DincludeGroupIds=io.delta",
-                f"-DoutputDirectory={tmp}",
-            ],
-            check=True,
-        )
-        target.mkdir(parents=True, exist_ok=True)
-        for jar in Path(tmp).glob("*.jar"):
-            shutil.copy2(jar, target / jar.name)
-    return sorted(target.glob("*.jar"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fetch-jars", action="store_true", help="download the Delta jars")
-    parser.add_argument("--check", action="store_true", help="start Spark and write a Delta table")
-    args = parser.parse_args(argv)
-    if args.fetch_jars:
-        for jar in fetch_delta_jars():
-            print(jar)
-    if args.check:
-        spark = SparkSessionResource(master="local[1]").get_session()
-        with tempfile.TemporaryDirectory() as tmp:
-            spark.range(3).write.format("delta").save(tmp + "/t")
-            rows = spark.read.format("delta").load(tmp + "/t").count()
-        print(f"spark {spark.version} with Delta: ok ({rows} rows)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _set_conf(session: SparkSession, settings: Mapping[str, str | None]) -> None:
+    for key, value in settings.items():
+        if value is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, value)

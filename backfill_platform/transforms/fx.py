@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from backfill_platform.resources.lakehouse import LakehouseResource
@@ -141,8 +141,6 @@ def with_usd(orders: DataFrame, rates: DataFrame) -> DataFrame:
 
 
 def _per_file():
-    from pyspark.sql import Window
-
     return Window.partitionBy("_source_path")
 
 

@@ -53,7 +53,7 @@ def _materialize(landing: Path, lakehouse: Path, tables: list[str]) -> None:
         LAST.isoformat(),
         resources,
         DagsterInstance.ephemeral(),
-        selection=AssetSelection.assets(*(AssetKey(t.split("/")) for t in tables)),
+        selection=AssetSelection.assets(*(AssetKey.from_user_string(t) for t in tables)),
     )
 
 

@@ -109,7 +109,7 @@ def boot(args: dict[str, Any]) -> tuple[SparkSessionResource, Events]:
 
 
 def _selection(names: list[str] | None):
-    return AssetSelection.assets(*(AssetKey(n.split("/")) for n in names)) if names else None
+    return AssetSelection.assets(*(AssetKey.from_user_string(n) for n in names)) if names else None
 
 
 def kill_target(args: dict[str, Any]) -> None:
