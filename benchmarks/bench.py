@@ -554,15 +554,11 @@ def files_per_partition(lake) -> dict[str, dict[str, float]]:
     for name in TABLE_NAMES:
         if not lake.exists(name):
             continue
-        active: dict[str, int] = {}
-        for uri in lake.read(name).inputFiles():
-            folder = uri.rsplit("/", 2)[-2]
-            active[folder] = active.get(folder, 0) + 1
-        on_disk = [
-            sum(1 for f in d.iterdir() if f.suffix == ".parquet")
-            for d in Path(lake.table_path(name)).iterdir()
-            if d.is_dir() and "=" in d.name
-        ]
+        active = {p: f.files for p, f in lake.partition_files(name).items()}
+        stored: dict[str | None, int] = {}
+        for stored_file in lake.stored_files(name):
+            stored[stored_file.partition] = stored.get(stored_file.partition, 0) + 1
+        on_disk = list(stored.values())
         result[name] = {
             "partitions": len(active),
             "active_max": max(active.values(), default=0),

@@ -115,9 +115,7 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
     window = live_window(instance)
     steps = report.plan(exclude=window.days() if window else [])
     if not steps:
-        # The window as (first, last) dates: the message reads as it always has.
-        shown = (window.first_day, window.last_day) if window else None
-        return SkipReason(f"{report.summary()}: all inside the live window {shown}")
+        return SkipReason(f"{report.summary()}: all inside the live window {window}")
     plan = "; ".join(s.describe() for s in steps)
     if not auto_repair():
         return SkipReason(
