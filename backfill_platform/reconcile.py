@@ -10,12 +10,13 @@ tests use it: the oracle is how they judge the platform, so the platform never r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from backfill_platform.ranges import DayRange
 from backfill_platform.reference import ContractAnswer, compute_contract_answer, ltv_daily_totals
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, TABLE_NAMES
@@ -77,10 +78,9 @@ def reconcile_marts(
     carry every earlier order) and compared on the range only.
     """
     answer = compute_contract_answer(landing, last_date=last_day)
+    days = DayRange.of_days(first_day, last_day)
     details: list[str] = []
-    fct = fct_by_key(
-        lake.read_range(FCT_DAILY_REVENUE, "event_date", first_day, _after(last_day)).collect()
-    )
+    fct = fct_by_key(lake.read_partitions(FCT_DAILY_REVENUE, days.start, days.end).collect())
     expected = {k: v for k, v in expected_fct_by_key(answer).items() if k[0] >= first_day}
     fct_diff = sorted(set(fct.items()) ^ set(expected.items()), key=str)
     details.append(
@@ -90,7 +90,7 @@ def reconcile_marts(
 
     ltv = {
         r["snapshot_date"]: (r["customers"], r["orders"], r["revenue"])
-        for r in lake.read_range(CUSTOMER_LTV, "snapshot_date", first_day, _after(last_day))
+        for r in lake.read_partitions(CUSTOMER_LTV, days.start, days.end)
         .groupBy("snapshot_date")
         .agg(
             F.count(F.lit(1)).alias("customers"),
@@ -113,7 +113,3 @@ def reconcile_marts(
     if answer.fx_errors:
         details.append(f"contract FX errors (days that must fail): {answer.fx_errors[:5]}")
     return Reconciliation(ok=not fct_diff and not ltv_diff, details=details)
-
-
-def _after(day: date) -> date:
-    return day + timedelta(days=1)
