@@ -21,6 +21,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import cached_property
 from typing import Any
 
 from dagster import DagsterInstance
@@ -28,40 +29,39 @@ from dagster import DagsterInstance
 from backfill_platform.automation.stale_repair import run_repair
 from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
 from backfill_platform.definitions import all_assets, build_resources
-from backfill_platform.lineage import Lineage, UnknownAsset
-from backfill_platform.operations.cutover import CutoverRefused, cutover
-from backfill_platform.operations.decommission import (
-    DecommissionRefused,
+from backfill_platform.lineage import Lineage
+from backfill_platform.operations.arguments import (
+    CORRECTABLE_LAYERS,
+    OPERATOR_ERRORS,
+    check_range,
+    check_reason,
     check_retention_hours,
-    decommission,
+    check_selection,
 )
+from backfill_platform.operations.cutover import CutoverRefused, cutover
+from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
-from backfill_platform.ranges import DayRange, InvalidRange
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, setting
 from backfill_platform.tables import (
     TABLE_NAMES,
-    InvalidShadowSuffix,
-    UnknownTable,
     check_shadow_suffix,
 )
 
 # What an operator can get wrong, or a guard can refuse: printed as one line, exit status 1.
 # Anything else is a bug and keeps its traceback.
 REFUSALS = (
+    *OPERATOR_ERRORS,
     CutoverRefused,
     RollbackRefused,
     DecommissionRefused,
     TableDropRefused,
-    InvalidShadowSuffix,
-    InvalidRange,
-    UnknownAsset,
-    UnknownTable,
     ValidationRefused,
 )
 
@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         "--override-plan", action="store_true", help="run although the plan is blocked"
     )
     cmd.add_argument("--per-run", type=int, default=None, help="partitions per run")
+    cmd.add_argument(
+        "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
+    )
     cmd = command("validate", "compare shadow and production", suffix=True)
     cmd.add_argument(
         "--no-reconcile", action="store_true", help="skip the shadow's between-layer reconciliation"
@@ -109,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--reason", required=True, help="why (recorded in the Delta commit)")
     cmd.add_argument("--force", action="store_true", help="cut over without a passed validation")
     cmd.add_argument("--no-rebuild", action="store_true", help="do not rebuild downstream")
+    cmd.add_argument(
+        "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
+    )
     cmd = command("rollback", "restore the tables of a cutover", ranged=False)
     cmd.add_argument("--cutover-id", default=None, help="default: the newest cutover")
     cmd.add_argument("--reason", required=True, help="why (recorded in the Delta commit)")
@@ -127,13 +133,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class Session:
-    """Resources, instance and asset graph from the environment, built once per command."""
+    """Asset graph, resources and instance from the environment, built once per command.
+
+    Resources and the instance are built on first use, after the command has checked its
+    arguments: a refused command opens no instance and starts no Spark.
+    """
 
     def __init__(self):
         self.assets = all_assets
-        self.resources = build_resources()
-        self.instance = DagsterInstance.get()
         self.lineage = Lineage(all_assets)
+
+    @cached_property
+    def resources(self) -> dict:
+        return build_resources()
+
+    @cached_property
+    def instance(self) -> DagsterInstance:
+        return DagsterInstance.get()
 
     @property
     def lake(self):
@@ -161,16 +177,24 @@ def _select(args) -> list[str]:
 
 
 def _days(args) -> DayRange:
-    return DayRange(args.start, args.end).check_within_partitions()
+    return check_range(args.start, args.end, confirmed=getattr(args, "yes", True))
+
+
+def _correctable(session: Session, args) -> list:
+    """The selection of a shadow, validation or cutover: staging and marts tables only."""
+    return check_selection(session.lineage, _select(args), CORRECTABLE_LAYERS)
 
 
 def _plan(session: Session, args) -> Outcome:
-    plan = session.plan(_select(args), _days(args))
+    days = _days(args)
+    check_selection(session.lineage, _select(args))
+    plan = session.plan(_select(args), days)
     return (0 if plan["ok"] else 1), plan, plan["markdown"] + f"\n\n(run {plan['run_id']})"
 
 
 def _shadow(session: Session, args) -> Outcome:
     days = _days(args)
+    keys = _correctable(session, args)
     plan = session.plan(_select(args), days)
     if not plan["ok"] and not args.override_plan:
         text = plan["markdown"] + "\n\nRefused: the plan is blocked (--override-plan to run)."
@@ -179,7 +203,7 @@ def _shadow(session: Session, args) -> Outcome:
         session.assets,
         session.resources,
         session.instance,
-        session.lineage.parse(_select(args)),
+        keys,
         days.first,
         days.last,
         args.suffix,
@@ -195,11 +219,12 @@ def _shadow(session: Session, args) -> Outcome:
 
 def _validate(session: Session, args) -> Outcome:
     days = _days(args)
+    keys = _correctable(session, args)
     validation = validate_shadow(
         session.lake,
         session.resources["landing"].landing_dir,
         session.instance,
-        session.lineage.parse(_select(args)),
+        keys,
         days.first,
         days.last,
         args.suffix,
@@ -212,7 +237,7 @@ def _validate(session: Session, args) -> Outcome:
 
 def _cutover(session: Session, args) -> Outcome:
     days = _days(args)
-    keys = session.lineage.parse(_select(args))
+    keys = _correctable(session, args)
     done = cutover(
         session.lake,
         session.instance,
@@ -278,7 +303,7 @@ def _decommission(session: Session, args) -> Outcome:
 
 def _history(session: Session, args) -> Outcome:
     days = DayRange(args.start, args.end)
-    keys = session.lineage.parse(_select(args) or TABLE_NAMES)
+    keys = check_selection(session.lineage, _select(args) or TABLE_NAMES)
     entries = partition_history(session.lake, keys, days.first, days.last)
     lines = [
         f"{e['table']:<26} {e['partition']:<10} v{e['version']:<4} {e['timestamp']} "
@@ -332,6 +357,8 @@ def run(args) -> Outcome:
         check_retention_hours(args.retention_hours)
     if getattr(args, "start", None) is not None:
         DayRange(args.start, args.end)
+    if getattr(args, "reason", None) is not None:
+        check_reason(args.reason)
     return COMMANDS[args.command](Session(), args)
 
 

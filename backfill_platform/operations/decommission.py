@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
+from backfill_platform.operations.arguments import check_retention_hours
 from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import TABLES, check_shadow_suffix
@@ -29,14 +30,6 @@ class Decommission:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def check_retention_hours(hours: object) -> float:
-    if not isinstance(hours, int | float) or not 0 <= hours < float("inf"):
-        raise DecommissionRefused(
-            f"--retention-hours {hours!r}: give a finite number of hours >= 0; nothing was touched"
-        )
-    return float(hours)
 
 
 def decommission(

@@ -4,6 +4,7 @@ from dagster import (
     AssetKey,
     AssetObservation,
     Config,
+    Failure,
     MetadataValue,
     Nothing,
     OpExecutionContext,
@@ -16,6 +17,11 @@ from pydantic import Field
 
 from backfill_platform.assets import all_assets
 from backfill_platform.lineage import Lineage
+from backfill_platform.operations.arguments import (
+    OPERATOR_ERRORS,
+    check_range,
+    check_selection,
+)
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 
@@ -38,13 +44,18 @@ def preflight_plan(
     # The code location's asset list itself: the CLI runs this job in process, where no
     # repository (context.repository_def) is bound.
     lineage = Lineage(all_assets)
+    try:
+        selection = check_selection(lineage, config.select)
+        days = check_range(config.start, config.end, confirmed=True)
+    except OPERATOR_ERRORS as error:
+        raise Failure(f"Refused: {error}") from error
     plan = build_plan(
         lakehouse,
         landing,
         context.instance,
-        lineage.parse(config.select),
-        config.start,
-        config.end,
+        selection,
+        days.first,
+        days.last,
         lineage=lineage,
         exclude_run_id=context.run_id,
     )

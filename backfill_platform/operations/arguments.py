@@ -1,0 +1,81 @@
+"""Operator arguments, checked before anything is built or touched.
+
+The CLI and the launchpad jobs both call these, so a bad selection, range, reason or
+retention is refused the same way everywhere, with an error naming the argument. (Shadow
+suffixes are checked where shadow names are built: `tables.check_shadow_suffix`.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from dagster import AssetKey
+
+from backfill_platform.lineage import Lineage, UnknownAsset
+from backfill_platform.ranges import DayRange, InvalidRange
+from backfill_platform.settings import MAX_RANGE_DAYS, setting
+from backfill_platform.tables import InvalidShadowSuffix, UnknownTable, table
+
+# Raw tables are the immutable record of the landing zone: they are rebuilt by re-ingesting
+# (a plain backfill, guarded against losing source lines), never by a shadow cutover.
+CORRECTABLE_LAYERS = ("staging", "marts")
+
+
+class InvalidArgument(ValueError):
+    """An operator argument that cannot be acted on; nothing was touched."""
+
+
+# Every way an operator argument is refused: one line for the operator, never a traceback.
+OPERATOR_ERRORS = (InvalidArgument, InvalidRange, InvalidShadowSuffix, UnknownAsset, UnknownTable)
+
+
+def check_selection(
+    lineage: Lineage, names: Iterable[str], layers: Sequence[str] | None = None
+) -> list[AssetKey]:
+    """Known asset keys (plus the outputs that must run with them), of `layers` if given."""
+    names = [name.strip() for name in names if name.strip()]
+    if not names:
+        raise InvalidArgument("--select: name at least one asset, e.g. marts/fct_daily_revenue")
+    keys = lineage.parse(names)
+    if layers is not None:
+        wrong = [k.to_user_string() for k in keys if table(k).layer not in layers]
+        if wrong:
+            raise InvalidArgument(
+                f"--select {', '.join(wrong)}: this operation takes tables of the "
+                f"{' and '.join(layers)} layers; raw tables are rebuilt by re-ingesting "
+                "(a plain backfill), never replaced from a shadow"
+            )
+    return keys
+
+
+def check_range(first: str, last: str, confirmed: bool = False) -> DayRange:
+    """A range inside the partitions; longer than BACKFILL_MAX_RANGE_DAYS only if confirmed."""
+    days = DayRange(first, last).check_within_partitions()
+    limit = int(setting(MAX_RANGE_DAYS))
+    if len(days) > limit and not confirmed:
+        raise InvalidRange(
+            f"--start/--end {days}: {len(days)} days is more than BACKFILL_MAX_RANGE_DAYS "
+            f"({limit}); run `plan` first and pass --yes to confirm a range this large"
+        )
+    return days
+
+
+def check_reason(reason: object) -> str:
+    """Any text that says something (Unicode, quotes and newlines are kept as given)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidArgument("--reason: say why (it is recorded in the Delta commit)")
+    return reason
+
+
+def check_retention_hours(hours: object) -> float:
+    if (
+        isinstance(hours, bool)
+        or not isinstance(hours, int | float)
+        or not math.isfinite(hours)
+        or hours < 0
+    ):
+        raise InvalidArgument(
+            f"--retention-hours {hours!r}: give a finite number of hours >= 0; nothing was touched"
+        )
+    return float(hours)
