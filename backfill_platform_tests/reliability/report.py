@@ -19,6 +19,12 @@ COLUMNS = {
     "rows checked": lambda f: f.get("rows_checked", "-"),
     "rows lost": lambda f: f.get("rows_lost", "-"),
     "torn partitions": lambda f: f.get("torn_partitions", "-"),
+    "operator inputs refused": lambda f: (
+        f"{f['operator_inputs_refused']}/{f['operator_inputs_tried']}"
+        if "operator_inputs_tried" in f
+        else "-"
+    ),
+    "files changed by a refusal": lambda f: f.get("files_changed_by_a_refusal", "-"),
     "failed tests": lambda f: f.get("failed_tests", "-"),
     "seconds": lambda f: f.get("seconds", "-"),
 }
