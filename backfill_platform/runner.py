@@ -35,7 +35,7 @@ from dagster import (
 
 from backfill_platform.lineage import Lineage
 from backfill_platform.ranges import DayRange, ranges_of
-from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+from backfill_platform.settings import PARTITIONS_PER_RUN, int_setting
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -192,7 +192,7 @@ class InProcessExecutor:
 
 
 def per_run_default() -> int:
-    return int(setting(PARTITIONS_PER_RUN))
+    return int_setting(PARTITIONS_PER_RUN)
 
 
 def plan_work(
