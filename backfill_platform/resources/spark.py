@@ -27,10 +27,14 @@ def spark_jars_dir() -> Path:
     return Path(os.environ.get("BACKFILL_SPARK_JARS_DIR", REPO_ROOT / ".spark-jars"))
 
 
+class SparkJarsMissing(RuntimeError):
+    """Delta Lake's jars are not where the session looks for them (`make install` fetches)."""
+
+
 def delta_jars() -> list[str]:
     jars = sorted(str(p) for p in spark_jars_dir().glob("*.jar"))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise RuntimeError(
+        raise SparkJarsMissing(
             f"Delta Lake jars are missing from {spark_jars_dir()}; run `make install` "
             "(or `python -m backfill_platform.resources.jars --fetch-jars`)."
         )
