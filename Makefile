@@ -61,9 +61,11 @@ deliver-day: install
 	@$(PY) -m backfill_platform.sources.generate --deliver-next-day --out $(LANDING) \
 		--start $(DEMO_START) --end $(DEMO_END) --orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
 
-# The operator command without activating the venv: make cli ARGS="plan --select ... "
+# The operator command without activating the venv, with the partitions `make ui` uses:
+# make cli ARGS="plan --select marts/fct_daily_revenue --start 2025-01-01 --end 2025-01-31"
 cli: install
-	@$(VENV)/bin/backfill-platform $(ARGS)
+	@BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+		$(VENV)/bin/backfill-platform $(ARGS)
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 backfill_platform_tests
