@@ -30,8 +30,9 @@ from backfill_platform.settings import SettingError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "deploy" / "dagster.yaml"
+# Short enough for an 80-column terminal with room for the bar (dynamic_ncols sizes it).
 BAR_FORMAT = (
-    "{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} partitions{postfix} "
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} partitions{postfix} "
     "[{elapsed}<{remaining}]"
 )
 
@@ -107,10 +108,6 @@ def logs_to_file(name: str, directory: Path) -> Iterator[Terminal]:
             err.close()
 
 
-def _layers(spec: RunSpec) -> str:
-    return "+".join(dict.fromkeys(key.path[0] for key in spec.keys))
-
-
 class RunProgress:
     """Progress bars for `runner.observing`: one per planned piece of work."""
 
@@ -170,11 +167,9 @@ class RunProgress:
     def _describe(self) -> None:
         total = len(self.plan)
         if self.failed is not None:
-            run = self.failed
-            text = f"run {self.done}/{total} FAILED ({run.first_key}..{run.last_key})"
+            text = f"run {self.done}/{total} FAILED"
         elif self.done < total:
-            spec = self.plan[self.done]
-            text = f"run {self.done + 1}/{total}: {_layers(spec)} {spec.days}"
+            text = f"run {self.done + 1}/{total}"  # the one in progress
         else:
             text = f"{total}/{total} runs"
         self.bar.set_postfix_str(text, refresh=True)

@@ -134,7 +134,7 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     resources = build_resources(str(landing), str(lakehouse))
     instance = DagsterInstance.get()
     lineage = Lineage(all_assets)
-    with observing(RunProgress(terminal.out, {"backfill": f"backfill {days}"})):
+    with observing(RunProgress(terminal.out)):
         report = run_range(
             InProcessExecutor(all_assets, resources, instance),
             lineage,
