@@ -10,16 +10,25 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_STORAGE ?= sqlite
 DAGSTER_YAML ?= deploy/$(if $(filter postgres,$(DAGSTER_STORAGE)),dagster-postgres,dagster).yaml
 
-# Demo scale: three years at a modest size (override: make demo ORDERS_PER_DAY=300).
+# Demo scale: three years at a modest size (override: make demo ORDERS_PER_DAY=300, or a
+# quick one: make demo DEMO_START=2025-10-01 DEMO_END=2025-12-31 ORDERS_PER_DAY=20).
+# Another span or scale over an existing landing zone is refused: `make clean-data` first.
 DEMO_START ?= 2023-01-01
 DEMO_END ?= 2025-12-31
 ORDERS_PER_DAY ?= 100
 SEED ?= 7
+# The demo's partitions are its days: from DEMO_START to the landing zone's newest day
+# (DEMO_END once generated, one more per `make deliver-day`), for `make demo` and `make ui`.
+LANDING = $(or $(BACKFILL_LANDING_DIR),data/landing)
+LANDING_DAYS = $(shell ls $(LANDING)/orders $(LANDING)/fx_rates 2>/dev/null | \
+	sed -n 's/^[a-z_]*=\([0-9]\{4\}-[0-9][0-9]-[0-9][0-9]\)$$/\1/p' | sort -u)
+DEMO_FIRST = $(or $(firstword $(LANDING_DAYS)),$(DEMO_START))
+DEMO_LAST = $(or $(lastword $(LANDING_DAYS)),$(DEMO_END))
 
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars dagster-home demo test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-skew
+.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -37,12 +46,26 @@ $(JARS): $(INSTALLED) build-support/delta-jars.pom.xml
 jars: $(JARS)
 
 dagster-home:
-	mkdir -p $(DAGSTER_HOME)
-	cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	@cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
 
+# Prints the log file's path first, a progress bar and a short summary (under 60 lines).
 demo: install dagster-home
-	$(PY) -m backfill_platform.demo --start $(DEMO_START) --end $(DEMO_END) \
+	@BACKFILL_START_DATE=$(DEMO_START) BACKFILL_END_DATE=$(DEMO_LAST) \
+		$(PY) -m backfill_platform.demo --start $(DEMO_START) --end $(DEMO_END) \
 		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
+
+# The next day's landing files into the demo's landing zone (the live path's input; README
+# "Trying the live path"). Its recorded parameters win over DEMO_*/ORDERS_PER_DAY/SEED.
+deliver-day: install
+	@$(PY) -m backfill_platform.sources.generate --deliver-next-day --out $(LANDING) \
+		--start $(DEMO_START) --end $(DEMO_END) --orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
+
+# The operator command without activating the venv, with the partitions `make ui` uses:
+# make cli ARGS="plan --select marts/fct_daily_revenue --start 2025-01-01 --end 2025-01-31"
+cli: install
+	@BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+		$(VENV)/bin/backfill-platform $(ARGS)
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 backfill_platform_tests
@@ -94,7 +117,8 @@ bench: install
 		--orders-per-day $(BENCH_ORDERS_PER_DAY) --scaling "$(BENCH_SCALING)" $(BENCH_ARGS)
 
 ui: install dagster-home
-	$(VENV)/bin/dagster dev -w workspace.yaml
+	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+		$(VENV)/bin/dagster dev -w workspace.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .

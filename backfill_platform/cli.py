@@ -10,8 +10,13 @@
     history       per-partition commit log: run, code version, operation, reason
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
 
-Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance.
-Every command prints human-readable text, or JSON with --json; exit status 1 on refusal.
+Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance
+(unset: the repository's .dagster_home, as the Makefile sets it). Dagster's and Spark's logs
+go to a file under DAGSTER_HOME/logs whose path is printed first (on stderr); long work shows
+progress bars there. Every command prints human-readable text, or JSON with --json, on
+stdout; a refusal or a user error is one line and exit status 1, never a traceback.
+Ranges are inclusive days everywhere: --start 2025-12-06 --end 2026-01-07 is printed as
+2025-12-06..2026-01-07.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from backfill_platform.automation.stale_repair import run_repair
+from backfill_platform.automation.stale_repair import REPAIR_TRIGGER, run_repair
 from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
+from backfill_platform.console import RunProgress, dagster_home, logs_to_file, shown
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.arguments import (
@@ -48,7 +54,9 @@ from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.lakehouse import TableDropRefused
-from backfill_platform.settings import SHADOW_RETENTION_HOURS, setting
+from backfill_platform.resources.spark import SparkJarsMissing
+from backfill_platform.runner import observing
+from backfill_platform.settings import SHADOW_RETENTION_HOURS, SettingError, setting
 from backfill_platform.tables import (
     TABLE_NAMES,
     check_shadow_suffix,
@@ -63,7 +71,15 @@ REFUSALS = (
     DecommissionRefused,
     TableDropRefused,
     ValidationRefused,
+    SettingError,
+    SparkJarsMissing,
 )
+# What the progress bars call the work each command plans (runner triggers).
+PROGRESS_LABELS = {
+    "shadow-backfill": "shadow",
+    "cutover-downstream-rebuild": "rebuild downstream",
+    REPAIR_TRIGGER: "repair stale",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -140,6 +156,7 @@ class Session:
     """
 
     def __init__(self):
+        dagster_home()  # DAGSTER_HOME, or the repository's .dagster_home when unset
         self.assets = all_assets
         self.lineage = Lineage(all_assets)
 
@@ -173,7 +190,7 @@ Outcome = tuple[int, Any, str]  # (exit status, JSON payload, text)
 
 
 def _select(args) -> list[str]:
-    return [name for name in (args.select or "").split(",") if name.strip()]
+    return [name for name in (getattr(args, "select", None) or "").split(",") if name.strip()]
 
 
 def _days(args) -> DayRange:
@@ -349,8 +366,8 @@ COMMANDS = {
 }
 
 
-def run(args) -> Outcome:
-    """One command. Arguments that need no instance are checked before anything is built."""
+def check(args) -> None:
+    """What can be refused without an instance, Spark or a log file."""
     if getattr(args, "suffix", None) is not None:
         check_shadow_suffix(args.suffix)
     if getattr(args, "retention_hours", None) is not None:
@@ -359,13 +376,32 @@ def run(args) -> Outcome:
         DayRange(args.start, args.end)
     if getattr(args, "reason", None) is not None:
         check_reason(args.reason)
+    if _select(args):
+        Lineage(all_assets).parse(_select(args))
+
+
+def run(args) -> Outcome:
+    """One command. Arguments that need no instance are checked before anything is built."""
+    check(args)
     return COMMANDS[args.command](Session(), args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, terminal: bool | None = None) -> int:
+    """The command. As a process of its own (`terminal`, the default without `argv`: the
+    console script, `python -m backfill_platform`) it sends Dagster's and Spark's logs to a
+    file, prints its path first and shows progress bars on stderr; a caller passing `argv`
+    (tests, scripts) keeps its own stdout and stderr."""
     args = _parser().parse_args(argv)
+    terminal = argv is None if terminal is None else terminal
     try:
-        status, payload, text = run(args)
+        check(args)
+        if terminal:
+            with logs_to_file(args.command, dagster_home() / "logs") as term:
+                print(f"log: {shown(term.log)}", file=term.err)
+                with observing(RunProgress(term.err, PROGRESS_LABELS)):
+                    status, payload, text = run(args)
+        else:
+            status, payload, text = run(args)
     except REFUSALS as error:
         status, payload, text = 1, {"refused": True, "error": str(error)}, f"Refused: {error}"
     print(json.dumps(payload, indent=2, default=str) if args.json else text)

@@ -20,6 +20,7 @@ from backfill_platform.settings import (
     SPARK_DRIVER_MEMORY,
     SPARK_MASTER,
     SPARK_SHUFFLE_PARTITIONS,
+    int_setting,
     setting,
 )
 
@@ -32,7 +33,7 @@ def build_resources(
     """Resources from settings; tests and tools pass their own directories."""
     spark = spark or SparkSessionResource(
         master=setting(SPARK_MASTER),
-        shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
+        shuffle_partitions=int_setting(SPARK_SHUFFLE_PARTITIONS),
         driver_memory=setting(SPARK_DRIVER_MEMORY),
     )
     lakehouse = LakehouseResource(root_dir=lakehouse_dir or setting(LAKEHOUSE_DIR), spark=spark)

@@ -2,6 +2,13 @@
 
 Running it twice is the point: the second run rewrites every partition and the table
 fingerprints printed at the end stay the same.
+
+The terminal gets a short account: the log file's path first (Dagster's and Spark's logs
+go there), a progress bar, rows per table and the reconciliation. The partitions must be
+the demo's days: BACKFILL_START_DATE equal to --start and BACKFILL_END_DATE (if set) not
+before the landing zone's newest day; `make demo` sets both, anything else is refused in
+one line, as is a landing zone generated with other parameters. Days `make deliver-day`
+added since the landing zone was generated are part of the demo's days.
 """
 
 from __future__ import annotations
@@ -15,68 +22,160 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
+from backfill_platform.console import RunProgress, Terminal, dagster_home, logs_to_file, shown
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.lineage import Lineage
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import fingerprints, reconcile_marts, table_counts
-from backfill_platform.runner import RangeRun, backfill
-from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, setting
-from backfill_platform.sources.generate import generate_landing
+from backfill_platform.runner import InProcessExecutor, observing, run_range
+from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, SettingError, setting
+from backfill_platform.sources.generate import (
+    Params,
+    generate_landing,
+    landing_days,
+    read_params,
+)
+
+
+class DemoRefused(Exception):
+    """The demo cannot run with these settings and data; nothing was written."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--start", default="2023-01-01")
-    parser.add_argument("--end", default="2025-12-31")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--start", type=date.fromisoformat, default=date(2023, 1, 1))
+    parser.add_argument("--end", type=date.fromisoformat, default=date(2025, 12, 31))
     parser.add_argument("--orders-per-day", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--per-run", type=int, default=None, help="partitions per run")
     args = parser.parse_args(argv)
-
     landing, lakehouse = Path(setting(LANDING_DIR)), Path(setting(LAKEHOUSE_DIR))
-    started = time.monotonic()
-    if (landing / "orders").is_dir() and any((landing / "orders").iterdir()):
-        print(f"landing zone {landing} already generated; reusing it (immutable input)")
-    else:
-        summary = generate_landing(
-            landing,
-            date.fromisoformat(args.start),
-            date.fromisoformat(args.end),
-            args.orders_per_day,
-            args.seed,
+    try:  # everything that can be refused, before anything is written
+        if args.start > args.end:
+            raise DemoRefused(f"--start {args.start} is after --end {args.end}")
+        home = dagster_home()
+        last = _check_landing(args, landing)
+        _check_partitions(args.start, last)
+    except (DemoRefused, SettingError) as refused:
+        print(f"Refused: {refused}")
+        return 1
+    with logs_to_file("demo", home / "logs") as terminal:
+        print(f"log: {shown(terminal.log)} (Dagster and Spark)")
+        return _demo(args, terminal, landing, lakehouse, DayRange.of_days(args.start, last))
+
+
+def _check_landing(args, landing: Path) -> date:
+    """The demo's last day: --end for a landing zone still to generate, else the newest day
+    of the one there, which must be this demo's (same parameters)."""
+    wanted = Params(args.start, args.end, args.orders_per_day, args.seed)
+    days = landing_days(landing)
+    if not days:
+        return args.end
+    recorded = read_params(landing)
+    if recorded:
+        same = (recorded.start, recorded.end, recorded.orders_per_day, recorded.seed) == (
+            wanted.start,
+            wanted.end,
+            wanted.orders_per_day,
+            wanted.seed,
         )
-        print("generated landing zone:", json.dumps(summary))
+        other = recorded.describe()
+    else:  # generated before parameters were recorded: the days are all there is to check
+        same = (days[0], days[-1]) == (args.start, args.end)
+        other = f"{days[0]}..{days[-1]} (parameters not recorded)"
+    if not same:
+        raise DemoRefused(
+            f"{shown(landing)} holds the demo {other}, not {wanted.describe()}: "
+            "`make clean-data` first, or other BACKFILL_LANDING_DIR and BACKFILL_LAKEHOUSE_DIR"
+        )
+    return max(days[-1], args.end)
+
+
+def _generate_or_reuse(args, landing: Path) -> None:
+    days = landing_days(landing)
+    if days:
+        delivered = (days[-1] - args.end).days
+        since = f"; {delivered} day(s) added by make deliver-day" if delivered > 0 else ""
+        print(f"landing zone {shown(landing)}: reusing {days[0]}..{days[-1]} (immutable{since})")
+        return
+    started = time.monotonic()
+    made = generate_landing(
+        landing, args.start, args.end, args.orders_per_day, args.seed, progress=False
+    )
+    print(
+        f"landing zone {shown(landing)}: generated {args.start}..{args.end}, "
+        f"{made.get('orders', 0):,} orders in {made.get('lines', 0):,} lines "
+        f"({made.get('late_lines', 0):,} late, {made.get('duplicate_lines', 0):,} "
+        f"duplicated, {made.get('malformed_lines', 0):,} malformed), "
+        f"{time.monotonic() - started:.0f} s"
+    )
+
+
+def _check_partitions(first: date, last: date) -> None:
+    start = daily_partitions.get_first_partition_key()
+    end = daily_partitions.get_last_partition_key()
+    if start != first.isoformat():
+        raise DemoRefused(
+            f"partitions start at {start} (BACKFILL_START_DATE) but the demo's data at "
+            f"{first} (--start): set BACKFILL_START_DATE={first} (`make demo` does)"
+        )
+    if end is None or end < last.isoformat():
+        raise DemoRefused(
+            f"partitions end at {end} (BACKFILL_END_DATE) but the demo's data at {last}: "
+            f"set BACKFILL_END_DATE={last} (`make demo` does) or unset it"
+        )
+
+
+def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRange) -> int:
+    started = time.monotonic()
+    _generate_or_reuse(args, landing)
 
     resources = build_resources(str(landing), str(lakehouse))
     instance = DagsterInstance.get()
+    lineage = Lineage(all_assets)
+    with observing(RunProgress(terminal.out)):
+        report = run_range(
+            InProcessExecutor(all_assets, resources, instance),
+            lineage,
+            lineage.toposorted(),
+            days,
+            trigger="backfill",
+            per_run=args.per_run,
+        )
+    if not report.success:
+        failed = next(r for r in report.runs if not r.success)
+        print(
+            f"backfill FAILED: run {failed.run_id} ({failed.first_key}..{failed.last_key}); "
+            f"{len(report.not_run)} later run(s) not started. Why: {shown(terminal.log)}"
+        )
+        return 1
 
-    def report(run: RangeRun) -> None:
-        state = "ok" if run.success else "FAILED"
-        print(f"  run {run.run_id[:8]} {run.first_key}..{run.last_key}: {state}", flush=True)
-
-    print(f"backfilling every layer {args.start}..{args.end} through Dagster")
-    runs = backfill(
-        all_assets, args.start, args.end, resources, instance, per_run=args.per_run, on_run=report
-    )
     lake = resources["lakehouse"]
-    counts = table_counts(lake)
-    print("\nrows per table:")
-    for name, rows in counts.items():
+    print("rows per table:")
+    for name, rows in table_counts(lake).items():
         print(f"  {name:<26} {rows:>10,}")
-
-    result = reconcile_marts(
-        lake, landing, date.fromisoformat(args.start), date.fromisoformat(args.end)
-    )
-    print(f"\nmarts reconcile with the contract's answer: {'YES' if result.ok else 'NO'}")
+    result = reconcile_marts(lake, landing, days.first_day, days.last_day)
+    print(f"marts reconcile with the contract's answer: {'YES' if result.ok else 'NO'}")
     for line in result.details:
         print(f"  {line}")
 
-    prints = fingerprints(lake)
+    prints = {"days": str(days), "tables": fingerprints(lake)}
     previous_file = lakehouse / "_demo_fingerprints.json"
     if previous_file.exists():
-        same = json.loads(previous_file.read_text()) == prints
-        print(f"tables identical to the previous demo run: {'YES' if same else 'NO'}")
+        previous = json.loads(previous_file.read_text())
+        if previous.get("days", str(days)) == str(days):
+            same = previous.get("tables", previous) == prints["tables"]
+            print(f"tables identical to the previous demo run: {'YES' if same else 'NO'}")
+        else:
+            print(f"the previous demo run covered {previous['days']}: tables not compared")
     previous_file.write_text(json.dumps(prints, indent=2))
-    print(f"\n{len(runs)} Dagster runs, {time.monotonic() - started:.0f} s wall time")
-    return 0 if result.ok and all(r.success for r in runs) else 1
+    print(
+        f"{len(report.runs)} Dagster runs over {len(days)} days, "
+        f"{time.monotonic() - started:.0f} s. Next: `make ui` (browse them), "
+        "`make deliver-day` (feed the live path)"
+    )
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

@@ -1,23 +1,40 @@
-"""The one partitions definition every layer shares: daily, UTC, from BACKFILL_START_DATE.
+"""The one partitions definition every layer shares: daily, UTC, from BACKFILL_START_DATE to
+BACKFILL_END_DATE (inclusive; unset: yesterday, so the partitions grow by a day every day).
 
 Raw partitions are ingest days, staging and fct partitions are event days, LTV partitions
 are snapshot days; all three are calendar days in UTC, so one definition keeps partition
 mappings trivial and lets a backfill run every layer for a range in one run.
+
+An explicit end is for a fixed data set (the demo: `make demo` and `make ui` set it to the
+landing zone's newest day, so the UI shows the demo's days and no empty ones after them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from dagster import DailyPartitionsDefinition, TimeWindow
 
-from backfill_platform.settings import START_DATE, setting
+from backfill_platform.settings import END_DATE, START_DATE, SettingError, day_setting
 
-daily_partitions = DailyPartitionsDefinition(
-    start_date=setting(START_DATE), timezone="UTC", fmt="%Y-%m-%d"
-)
+
+def _definition(first: date | None, last: date | None) -> DailyPartitionsDefinition:
+    if first is None:
+        raise SettingError("BACKFILL_START_DATE is empty: set the first daily partition")
+    if last is not None and last < first:
+        raise SettingError(
+            f"BACKFILL_END_DATE={last} is before BACKFILL_START_DATE={first}: no partitions"
+        )
+    # Dagster's end_date is exclusive; the setting names the last partition.
+    end = (last + timedelta(days=1)).isoformat() if last else None
+    return DailyPartitionsDefinition(
+        start_date=first.isoformat(), end_date=end, timezone="UTC", fmt="%Y-%m-%d"
+    )
+
+
+daily_partitions = _definition(day_setting(START_DATE), day_setting(END_DATE))
 
 
 def commit_partition_keys(metadata: Mapping[str, Any]) -> list[str]:

@@ -122,7 +122,7 @@ class DayRange:
         if first is None or last is None or self.first < first or self.last > last:
             raise InvalidRange(
                 f"{self}: outside the daily partitions {first}..{last} "
-                "(BACKFILL_START_DATE .. yesterday, UTC)"
+                "(BACKFILL_START_DATE..BACKFILL_END_DATE, or yesterday (UTC) when no end is set)"
             )
         return self
 

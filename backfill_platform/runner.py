@@ -13,11 +13,17 @@ The failure rule, everywhere: **stop at the first failed run** and report it; la
 read what the failed one should have written, so running them would only spread the
 failure. Nothing raises for a failed run; callers turn `RunReport.success` into their
 exit status (or `raise_for_failure()`).
+
+A command line shows progress without threading a callback through every operation:
+`with observing(observer):` makes every `run_work` in the block tell the observer its plan,
+each finished run and the report (the demo's and the CLI's progress bars).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,7 +41,7 @@ from dagster import (
 
 from backfill_platform.lineage import Lineage
 from backfill_platform.ranges import DayRange, ranges_of
-from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+from backfill_platform.settings import PARTITIONS_PER_RUN, int_setting
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -110,6 +116,29 @@ class Executor(Protocol):
         tags: Mapping[str, str],
         on_run: Callable[[RangeRun], None] | None = None,
     ) -> RunReport: ...
+
+
+class RunObserver(Protocol):
+    """Told about the work `run_work` does while it is installed with `observing`."""
+
+    def planned(self, plan: Sequence[RunSpec], trigger: str) -> None: ...
+
+    def ran(self, run: RangeRun) -> None: ...
+
+    def finished(self, report: RunReport | None) -> None: ...
+
+
+_OBSERVER: ContextVar[RunObserver | None] = ContextVar("backfill_run_observer", default=None)
+
+
+@contextmanager
+def observing(observer: RunObserver) -> Iterator[RunObserver]:
+    """Every `run_work` inside the block reports its plan, runs and report to `observer`."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVER.reset(token)
 
 
 def range_tags(days: DayRange) -> dict[str, str]:
@@ -192,7 +221,7 @@ class InProcessExecutor:
 
 
 def per_run_default() -> int:
-    return int(setting(PARTITIONS_PER_RUN))
+    return int_setting(PARTITIONS_PER_RUN)
 
 
 def plan_work(
@@ -229,7 +258,22 @@ def run_work(
 ) -> RunReport:
     """Plan `work` and execute it; every run is tagged with why it ran."""
     plan = plan_work(lineage, work, per_run)
-    return executor.execute(plan, {**(tags or {}), TRIGGER_TAG: trigger}, on_run)
+    observer = _OBSERVER.get()
+    if observer is None:
+        return executor.execute(plan, {**(tags or {}), TRIGGER_TAG: trigger}, on_run)
+
+    def report_run(run: RangeRun) -> None:
+        observer.ran(run)
+        if on_run:
+            on_run(run)
+
+    observer.planned(plan, trigger)
+    report = None
+    try:
+        report = executor.execute(plan, {**(tags or {}), TRIGGER_TAG: trigger}, report_run)
+        return report
+    finally:
+        observer.finished(report)  # None: the executor raised
 
 
 def run_range(

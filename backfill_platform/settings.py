@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 from dagster import EnvVar
 
 LANDING_DIR = EnvVar("BACKFILL_LANDING_DIR")
 LAKEHOUSE_DIR = EnvVar("BACKFILL_LAKEHOUSE_DIR")
 START_DATE = EnvVar("BACKFILL_START_DATE")
+# Last daily partition (inclusive); empty: yesterday (UTC), the partitions grow every day.
+END_DATE = EnvVar("BACKFILL_END_DATE")
 SPARK_MASTER = EnvVar("SPARK_MASTER")
 PARTITIONS_PER_RUN = EnvVar("BACKFILL_PARTITIONS_PER_RUN")
 SPARK_SHUFFLE_PARTITIONS = EnvVar("BACKFILL_SPARK_SHUFFLE_PARTITIONS")
@@ -35,6 +39,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_LANDING_DIR": "./data/landing",
     "BACKFILL_LAKEHOUSE_DIR": "./data/lakehouse",
     "BACKFILL_START_DATE": "2023-01-01",
+    "BACKFILL_END_DATE": "",
     "SPARK_MASTER": "local[*]",
     "BACKFILL_PARTITIONS_PER_RUN": "92",
     "BACKFILL_SPARK_SHUFFLE_PARTITIONS": "4",
@@ -58,6 +63,33 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+class SettingError(ValueError):
+    """A setting whose value cannot be used; the message is one line naming the variable."""
+
+
 def setting(var: EnvVar) -> str:
     """Value of a setting at definition-load time, falling back to its documented default."""
     return var.get_value(default=DEFAULTS[var.env_var_name])
+
+
+def int_setting(var: EnvVar, minimum: int = 1) -> int:
+    """An integer setting (at least `minimum`), or `SettingError` naming it."""
+    text = setting(var)
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise SettingError(f"{var.env_var_name}={text!r}: not a whole number >= {minimum}")
+    return value
+
+
+def day_setting(var: EnvVar) -> date | None:
+    """A day setting (`YYYY-MM-DD`); None when it is empty; `SettingError` naming it."""
+    text = setting(var).strip()
+    if not text:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise SettingError(f"{var.env_var_name}={text!r}: not a day (YYYY-MM-DD)") from None

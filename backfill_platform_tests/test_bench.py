@@ -4,6 +4,7 @@ No timing is asserted here; speed targets live in the benchmark's own report.
 """
 
 import json
+import re
 
 import pytest
 
@@ -38,4 +39,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
     assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
     assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
-    assert "| platform: full backfill" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| platform: full backfill" in out
+    # a progress bar per backfill, named by its phase: partitions and runs done of total
+    assert re.search(r"platform: 100%\|.*\| 18/18 partitions, 2/2 runs", out)

@@ -14,6 +14,10 @@ from backfill_platform.runner import (
     RANGE_START_TAG,
     TRIGGER_TAG,
     InProcessExecutor,
+    RangeRun,
+    RunReport,
+    RunSpec,
+    observing,
     plan_work,
     run_work,
 )
@@ -108,9 +112,26 @@ def test_plan_gives_each_asset_exactly_its_days_in_graph_order():
     ]
 
 
+class Recorder:
+    """A run observer that keeps what it was told, in order."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def planned(self, plan: list[RunSpec], trigger: str) -> None:
+        self.events.append(("planned", trigger, [str(s.days) for s in plan]))
+
+    def ran(self, run: RangeRun) -> None:
+        self.events.append(("ran", f"{run.first_key}..{run.last_key}", run.success))
+
+    def finished(self, report: RunReport | None) -> None:
+        self.events.append(("finished", report.success if report else None))
+
+
 def test_a_failed_run_stops_the_plan_and_nothing_after_it_runs(platform):
     """LTV from day 5 without a day-4 snapshot fails (it never restarts everyone at zero):
-    the runner stops there, reports the runs it did not start and raises nothing."""
+    the runner stops there, reports the runs it did not start and raises nothing. An
+    installed observer (the command line's progress bars) hears the plan, the run, the end."""
     for day in range(1, 9):
         key = f"2024-01-0{day}"
         platform.write_rates(key, {"EUR": "1.10"})
@@ -119,7 +140,14 @@ def test_a_failed_run_stops_the_plan_and_nothing_after_it_runs(platform):
     platform.materialize("2024-01-01", "2024-01-08", ["staging/orders", "staging/orders_rejects"])
     executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
     work = {CUSTOMER_LTV: set(DayRange("2024-01-05", "2024-01-08").partition_keys())}
-    report = run_work(executor, LINEAGE, work, trigger="test", per_run=2)
+    recorder = Recorder()
+    with observing(recorder):
+        report = run_work(executor, LINEAGE, work, trigger="test", per_run=2)
+    assert recorder.events == [
+        ("planned", "test", ["2024-01-05..2024-01-06", "2024-01-07..2024-01-08"]),
+        ("ran", "2024-01-05..2024-01-06", False),
+        ("finished", False),
+    ]
     assert [r.success for r in report.runs] == [False]
     assert [str(s.days) for s in report.not_run] == ["2024-01-07..2024-01-08"]
     assert not report.success

@@ -76,9 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir()
     log_path = work / "bench.log"
     print(f"benchmark {stamp}: Spark and Dagster logs go to {log_path}", flush=True)
+    # After BACKFILL_START_DATE is set: the partitions are defined when the package loads.
+    from backfill_platform.console import RunProgress
+    from backfill_platform.runner import observing
+
     bench = Bench(args, work, stamp)
+    bench.progress = RunProgress(sys.stdout)  # a bar per backfill: partitions, runs, ETA
     try:
-        with _stderr_to(log_path):
+        with _stderr_to(log_path), observing(bench.progress):
             result = bench.run()
     except Exception:
         # Keep what was measured before the failure; the traceback says where it stopped.
@@ -113,6 +118,7 @@ class Bench:
         self.memory: dict[str, dict[str, float]] = {}
         self.events = work / "spark-events"
         self.cold = not args.no_cold and args.cold_sample > 0
+        self.progress = None  # the RunProgress `main` shows; its bars carry the phase's name
 
     # -- set-up ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -192,6 +198,8 @@ class Bench:
     @contextlib.contextmanager
     def _phase(self, name: str):
         _say(f"{name} ...")
+        if self.progress is not None:
+            self.progress.labels["backfill"] = name
         self.sampler.reset()
         with stopwatch(self.seconds, name):
             yield

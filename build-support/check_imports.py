@@ -14,8 +14,9 @@ checks; automation and operations); core and entry modules may import each other
     assets, checks
     automation, operations
     definitions
-    entry       cli, demo, __main__, reconcile, sources, reference: the entry points, the
-                demo generator and the contract oracle (which only they and tests import)
+    entry       cli, demo, __main__, console, reconcile, sources, reference: the entry
+                points, their terminal output (console), the demo generator and the
+                contract oracle (which only they and tests import)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LAYERS: list[set[str]] = [
     {"assets", "checks"},
     {"automation", "operations"},
     {"definitions"},
-    {"cli", "demo", "__main__", "reconcile", "sources", "reference"},
+    {"cli", "demo", "__main__", "console", "reconcile", "sources", "reference"},
 ]
 
 

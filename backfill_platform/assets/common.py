@@ -9,7 +9,7 @@ from datetime import date
 
 from dagster import AssetExecutionContext, BackfillPolicy
 
-from backfill_platform.settings import PARTITIONS_PER_RUN, setting
+from backfill_platform.settings import PARTITIONS_PER_RUN, int_setting
 
 # The furthest an order arrives after its event day in lineage terms; staging itself reads
 # every later ingest day (see staging.py), this only draws the dependency in the graph.
@@ -18,7 +18,7 @@ LATE_ARRIVAL_LINEAGE_DAYS = 10
 
 def chunked_backfill_policy() -> BackfillPolicy:
     """Ranged runs of at most BACKFILL_PARTITIONS_PER_RUN days: resumable chunk by chunk."""
-    return BackfillPolicy.multi_run(max_partitions_per_run=int(setting(PARTITIONS_PER_RUN)))
+    return BackfillPolicy.multi_run(max_partitions_per_run=int_setting(PARTITIONS_PER_RUN))
 
 
 def run_dates(context: AssetExecutionContext) -> tuple[date, date]:

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlparse
 
 from dagster import AssetKey, ConfigurableResource
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
 from pydantic import Field
 from pyspark.errors import AnalysisException, SparkRuntimeException
 from pyspark.sql import DataFrame, SparkSession
@@ -236,6 +237,16 @@ class LakehouseResource(ConfigurableResource):
                 ):
                     raise refused from error
                 raise
+            except Py4JJavaError as error:  # the JVM's own failures: I/O, a full disk, ...
+                version = self.current_version(key)
+                raise TableWriteError(
+                    f"{name}: the write failed ({_root_cause(error)}); nothing was committed, "
+                    + (
+                        "the table does not exist yet."
+                        if version is None
+                        else f"the table is unchanged at version {version}."
+                    )
+                ) from error
             return self._find_commit(key, token)
 
     def vacuum(self, key: AssetKey | str, retention_hours: float) -> int | None:
@@ -535,6 +546,17 @@ def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFram
             F.raise_error(F.lit(f"{_OUT_OF_RANGE}: {predicate}"))
         ),
     )
+
+
+def _root_cause(error: Py4JJavaError) -> str:
+    """The innermost `Caused by:` of a JVM error (`java.io.IOException: No space left on
+    device`), not the 15,000 characters of stack trace around it."""
+    causes = [
+        line.strip().removeprefix("Caused by: ")
+        for line in str(error).splitlines()
+        if line.strip().startswith("Caused by: ")
+    ]
+    return causes[-1] if causes else str(error.java_exception)
 
 
 def _range_predicate(column: str, start: date, end: date) -> str:

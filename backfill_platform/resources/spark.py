@@ -21,16 +21,22 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The driver's log4j2 configuration: warnings and errors, without start-up chatter.
+LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 
 
 def spark_jars_dir() -> Path:
     return Path(os.environ.get("BACKFILL_SPARK_JARS_DIR", REPO_ROOT / ".spark-jars"))
 
 
+class SparkJarsMissing(RuntimeError):
+    """Delta Lake's jars are not where the session looks for them (`make install` fetches)."""
+
+
 def delta_jars() -> list[str]:
     jars = sorted(str(p) for p in spark_jars_dir().glob("*.jar"))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise RuntimeError(
+        raise SparkJarsMissing(
             f"Delta Lake jars are missing from {spark_jars_dir()}; run `make install` "
             "(or `python -m backfill_platform.resources.jars --fetch-jars`)."
         )
@@ -114,6 +120,11 @@ class SparkSessionResource(ConfigurableResource):
             # the cost of every small commit on a laptop-sized cluster.
             "spark.databricks.delta.snapshotPartitions": "2",
             "spark.driver.memory": self.driver_memory,
+            # Read when the driver JVM starts (pyspark passes the conf to spark-submit);
+            # `defaultJavaOptions` leaves `extraJavaOptions` to deployments.
+            "spark.driver.defaultJavaOptions": (
+                f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
+            ),
             "spark.ui.enabled": str(self.ui_enabled).lower(),
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.sources.partitionOverwriteMode": "static",

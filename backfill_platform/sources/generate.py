@@ -2,16 +2,25 @@
 
 Deterministic for a seed (one `random.Random`, nothing read from the clock), so a demo,
 a test and a benchmark can regenerate the very same bytes.
+
+`deliver_next_day` continues a generated landing zone by one day, the way the live path
+receives data: the day's new orders (ids no generated order has), the lines of earlier
+orders due that day (late arrivals, later versions), duplicates and malformed lines. It
+replays the generation from the parameters recorded in `_generator.json`, so it is
+deterministic for those parameters and the day (`make deliver-day`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,6 +31,8 @@ CURRENCY_WEIGHTS = {"USD": 0.5, "EUR": 0.2, "GBP": 0.12, "JPY": 0.1, "CHF": 0.08
 OFFSETS = ["Z"] * 6 + ["+02:00", "-05:00", "+05:30", "-08:00"]
 HOT_CUSTOMER = "c-hot"
 MAX_FX_GAP_DAYS = 6
+# Beside the two folders of a generated landing zone: the parameters it was made from.
+MANIFEST = "_generator.json"
 MALFORMED_KINDS = (
     "truncated_json",
     "json_array",
@@ -166,24 +177,192 @@ def _malformed(rng: random.Random, day: date, n: int) -> tuple[str, str]:
     return kind, json.dumps(record)
 
 
+@dataclass
+class _FxWalk:
+    """The FX random walk's state: today's levels and the last day a file was written."""
+
+    level: dict[str, float] = field(default_factory=lambda: dict(CURRENCIES))
+    last_written: date | None = None
+
+    def walk(self, rng: random.Random, days: Iterable[date]) -> dict[date, dict[str, str]]:
+        """Rates per day as random walks; weekends and ~3% of days skipped, gaps never > 6."""
+        files: dict[date, dict[str, str]] = {}
+        for day in days:
+            for cur in self.level:
+                self.level[cur] *= 1 + rng.gauss(0, 0.003)
+            skip = day.weekday() >= 5 or rng.random() < 0.03
+            if (
+                self.last_written is None
+                or not skip
+                or (day - self.last_written).days >= MAX_FX_GAP_DAYS
+            ):
+                rates = {
+                    cur: f"{value:.8f}".rstrip("0").rstrip(".") for cur, value in self.level.items()
+                }
+                if rng.random() < 0.33:
+                    rates["USD"] = "1"
+                files[day] = rates
+                self.last_written = day
+        return files
+
+
 def _fx_days(rng: random.Random, start: date, end: date) -> dict[date, dict[str, str]]:
-    """Rates per day as random walks; weekends and ~3% of days skipped, gaps never > 6 days."""
-    level = dict(CURRENCIES)
-    files: dict[date, dict[str, str]] = {}
-    last_written = start
-    day = start
-    while day <= end:
-        for cur in level:
-            level[cur] *= 1 + rng.gauss(0, 0.003)
-        skip = day.weekday() >= 5 or rng.random() < 0.03
-        if day == start or not skip or (day - last_written).days >= MAX_FX_GAP_DAYS:
-            rates = {cur: f"{value:.8f}".rstrip("0").rstrip(".") for cur, value in level.items()}
-            if rng.random() < 0.33:
-                rates["USD"] = "1"
-            files[day] = rates
-            last_written = day
-        day += timedelta(days=1)
-    return files
+    """Rates per day from `start` to `end` (inclusive), the walk starting at `CURRENCIES`."""
+    return _FxWalk().walk(rng, _days(start, end))
+
+
+def _days(first: date, last: date) -> list[date]:
+    return [first + timedelta(days=i) for i in range((last - first).days + 1)]
+
+
+@dataclass
+class _Orders:
+    """One pass over order days: lines per ingest day up to `end`, and those due later."""
+
+    deliveries: dict[date, list[str]] = field(default_factory=lambda: defaultdict(list))
+    pending: dict[date, list[str]] = field(default_factory=lambda: defaultdict(list))
+    stats: Counter = field(default_factory=Counter)
+    fx: _FxWalk | None = None  # the FX walk after the pass's days, once its files are made
+
+
+def _orders_pass(
+    rng: random.Random,
+    days: Sequence[date],
+    end: date | None,
+    orders_per_day: int,
+    malformed_rate: float,
+    order_id: Callable[[date, int], str],
+    show: bool = False,
+) -> _Orders:
+    """The orders placed on `days`, each version delivered on its (possibly late) ingest day,
+    sometimes twice. Lines due after `end` are kept in `pending` (what a later delivery
+    holds); `end=None` keeps nothing back."""
+    pool = max(50, orders_per_day * 5)
+    result = _Orders()
+    deliveries, stats = result.deliveries, result.stats
+    n = 0
+    for day in tqdm(days, desc="orders", disable=not show, file=sys.stderr):
+        for _ in range(max(0, int(rng.gauss(orders_per_day, orders_per_day * 0.1)))):
+            n += 1
+            event_at = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(
+                seconds=rng.randint(0, 86_399)
+            )
+            stats["orders"] += 1
+            for updated, record in _order_versions(rng, order_id(day, n), event_at, pool):
+                late = _lateness(rng)
+                arrive = max(updated.date(), day) + timedelta(days=late)
+                text = _dumps(record)
+                stats["late_lines" if arrive > day else "on_time_lines"] += 1
+                if end is None or arrive <= end:
+                    deliveries[arrive].append(text)
+                    stats["lines"] += 1
+                    if rng.random() < 0.02:  # at-least-once: the same line again
+                        again = arrive + timedelta(days=rng.choice([0, 0, 1, 2]))
+                        if end is None or again <= end:
+                            deliveries[again].append(text)
+                            stats["duplicate_lines"] += 1
+                        else:
+                            result.pending[again].append(text)
+                else:
+                    result.pending[arrive].append(text)
+            if rng.random() < malformed_rate * 2:  # ~2 lines per order: rate is per line
+                kind, text = _malformed(rng, day, n)
+                deliveries[day].append(text)
+                stats[f"malformed:{kind}"] += 1
+                stats["malformed_lines"] += 1
+    return result
+
+
+def _order_files(
+    rng: random.Random, deliveries: dict[date, list[str]]
+) -> Iterator[tuple[str, bytes]]:
+    """Each ingest day's lines shuffled over 1-4 files, some with CRLF or a blank line."""
+    for day in sorted(deliveries):
+        lines = deliveries[day]
+        rng.shuffle(lines)
+        parts = rng.randint(1, 4)
+        for p in range(parts):
+            chunk = lines[p::parts]
+            if not chunk:
+                continue
+            newline = "\r\n" if rng.random() < 0.15 else "\n"
+            if rng.random() < 0.1:
+                chunk = [*chunk[:1], rng.choice(["", "   "]), *chunk[1:]]
+            name = f"part-{p:04d}.jsonl" if p < parts - 1 or parts == 1 else f"late-{p:04d}.jsonl"
+            body = newline.join(chunk).encode() + newline.encode()
+            yield f"orders/ingest_date={day.isoformat()}/{name}", body
+
+
+def _fx_files(files: dict[date, dict[str, str]]) -> Iterator[tuple[str, bytes]]:
+    for day, rates in files.items():
+        body = "currency,usd_per_unit\n" + "".join(f"{c},{r}\n" for c, r in sorted(rates.items()))
+        yield f"fx_rates/rate_date={day.isoformat()}/rates.csv", body.encode()
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a generated landing zone was made from; stored beside it as `_generator.json`."""
+
+    start: date
+    end: date
+    orders_per_day: int
+    seed: int
+    malformed_rate: float = 0.001
+
+    def to_json(self) -> str:
+        fields = {**asdict(self), "start": self.start.isoformat(), "end": self.end.isoformat()}
+        return json.dumps(fields, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Params:
+        fields = json.loads(text)
+        fields["start"] = date.fromisoformat(fields["start"])
+        fields["end"] = date.fromisoformat(fields["end"])
+        return cls(**fields)
+
+    def describe(self) -> str:
+        return f"{self.start}..{self.end} at {self.orders_per_day} orders/day (seed {self.seed})"
+
+
+def read_params(out: Path) -> Params | None:
+    """The parameters recorded beside a generated landing zone (None: not recorded)."""
+    path = Path(out) / MANIFEST
+    return Params.from_json(path.read_text()) if path.is_file() else None
+
+
+def landing_days(out: Path) -> list[date]:
+    """Every day a folder of either kind exists for, oldest first."""
+    found: set[date] = set()
+    for kind, prefix in (("orders", "ingest_date="), ("fx_rates", "rate_date=")):
+        folder = Path(out) / kind
+        if folder.is_dir():
+            for path in folder.iterdir():
+                with contextlib.suppress(ValueError):
+                    found.add(date.fromisoformat(path.name.removeprefix(prefix)))
+    return sorted(found)
+
+
+def _base(params: Params, show: bool = False) -> tuple[_Orders, Iterator[tuple[str, bytes]]]:
+    """The landing zone of `params` as (its orders pass, its files in writing order). The
+    files are produced lazily: FX draws on the same generator after the order files."""
+    rng = random.Random(params.seed)
+    orders = _orders_pass(
+        rng,
+        _days(params.start, params.end),
+        params.end,
+        params.orders_per_day,
+        params.malformed_rate,
+        lambda day, n: f"o-{params.seed}-{n:08d}",
+        show,
+    )
+
+    def files() -> Iterator[tuple[str, bytes]]:
+        yield from _order_files(rng, orders.deliveries)
+        fx = _FxWalk()
+        yield from _fx_files(fx.walk(rng, _days(params.start, params.end)))
+        orders.fx = fx  # the walk's state, for the days delivered after `end`
+
+    return orders, files()
 
 
 def generate_landing(
@@ -197,7 +376,10 @@ def generate_landing(
     progress: bool | None = None,
     force: bool = False,
 ) -> dict:
-    """Write a landing zone as of the end of `end`; returns a summary of what was written."""
+    """Write a landing zone as of the end of `end`; returns a summary of what was written.
+
+    The parameters are recorded in `_generator.json` beside the two folders, so
+    `deliver_next_day` can continue the same landing zone one day at a time."""
     out = Path(out)
     for kind in ("orders", "fx_rates"):
         folder = out / kind
@@ -205,64 +387,164 @@ def generate_landing(
             if not force:
                 raise FileExistsError(f"{folder} is not empty; refusing to mix generated data")
             shutil.rmtree(folder)
-    rng = random.Random(seed)
-    pool = max(50, orders_per_day * 5)
-    days = (end - start).days + 1
-    show = progress if progress is not None else days > 60
-    deliveries: dict[date, list[str]] = defaultdict(list)
-    stats: Counter = Counter()
-    n = 0
-    for offset in tqdm(range(days), desc="orders", disable=not show, file=sys.stderr):
-        day = start + timedelta(days=offset)
-        for _ in range(max(0, int(rng.gauss(orders_per_day, orders_per_day * 0.1)))):
-            n += 1
-            event_at = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(
-                seconds=rng.randint(0, 86_399)
-            )
-            stats["orders"] += 1
-            for updated, record in _order_versions(rng, f"o-{seed}-{n:08d}", event_at, pool):
-                late = _lateness(rng)
-                arrive = max(updated.date(), day) + timedelta(days=late)
-                text = _dumps(record)
-                stats["late_lines" if arrive > day else "on_time_lines"] += 1
-                if arrive <= end:
-                    deliveries[arrive].append(text)
-                    stats["lines"] += 1
-                    if rng.random() < 0.02:  # at-least-once: the same line again
-                        again = arrive + timedelta(days=rng.choice([0, 0, 1, 2]))
-                        if again <= end:
-                            deliveries[again].append(text)
-                            stats["duplicate_lines"] += 1
-            if rng.random() < malformed_rate * 2:  # ~2 lines per order: rate is per line
-                kind, text = _malformed(rng, day, n)
-                deliveries[day].append(text)
-                stats[f"malformed:{kind}"] += 1
-                stats["malformed_lines"] += 1
+    params = Params(start, end, orders_per_day, seed, malformed_rate)
+    show = progress if progress is not None else (end - start).days + 1 > 60
+    orders, files = _base(params, show)
+    written = 0
+    for name, body in files:
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        written += 1
+    (out / MANIFEST).write_text(params.to_json())
+    return {"files": written, **dict(sorted(orders.stats.items()))}
 
-    files_written = 0
-    for day in sorted(deliveries):
-        lines = deliveries[day]
-        rng.shuffle(lines)
-        folder = out / "orders" / f"ingest_date={day.isoformat()}"
-        folder.mkdir(parents=True, exist_ok=True)
-        parts = rng.randint(1, 4)
-        for p in range(parts):
-            chunk = lines[p::parts]
-            if not chunk:
-                continue
-            newline = "\r\n" if rng.random() < 0.15 else "\n"
-            if rng.random() < 0.1:
-                chunk = [*chunk[:1], rng.choice(["", "   "]), *chunk[1:]]
-            name = f"part-{p:04d}.jsonl" if p < parts - 1 or parts == 1 else f"late-{p:04d}.jsonl"
-            (folder / name).write_bytes(newline.join(chunk).encode() + newline.encode())
-            files_written += 1
-    for day, rates in _fx_days(rng, start, end).items():
-        folder = out / "fx_rates" / f"rate_date={day.isoformat()}"
-        folder.mkdir(parents=True, exist_ok=True)
-        body = "currency,usd_per_unit\n" + "".join(f"{c},{r}\n" for c, r in sorted(rates.items()))
-        (folder / "rates.csv").write_text(body)
-        files_written += 1
-    return {"files": files_written, **dict(sorted(stats.items()))}
+
+class CannotDeliver(Exception):
+    """The next day cannot be delivered into this landing zone; nothing was written."""
+
+
+@dataclass
+class Delivery:
+    day: date
+    files: list[str]
+    lines: int
+    new_order_lines: int
+    late_lines: int
+    duplicate_lines: int
+    malformed_lines: int
+    order_ids: list[str]
+
+    def summary(self) -> str:
+        ids = sorted(self.order_ids)
+        span = f"{ids[0]}..{ids[-1]}" if ids else "none"
+        return (
+            f"delivered {self.day} ({len(self.files)} files): {self.lines} order lines, "
+            f"{self.late_lines} of them for orders of earlier days (late or later versions), "
+            f"{self.duplicate_lines} duplicated, {self.malformed_lines} malformed; "
+            f"{len(ids)} new orders {span}"
+        )
+
+
+def _day_orders(params: Params, day: date) -> tuple[random.Random, _Orders]:
+    """The orders placed on a day after the generated range: a generator of their own,
+    seeded by the seed and the day, and ids `o-<seed>-<YYYYMMDD>-<n>` that no generated
+    order has (those are `o-<seed>-<n>`)."""
+    rng = random.Random(f"{params.seed}/{day.isoformat()}")
+    orders = _orders_pass(
+        rng,
+        [day],
+        None,
+        params.orders_per_day,
+        params.malformed_rate,
+        lambda d, n: f"o-{params.seed}-{d:%Y%m%d}-{n:05d}",
+    )
+    return rng, orders
+
+
+def deliver_next_day(
+    out: Path, params: Params | None = None, today: date | None = None
+) -> Delivery:
+    """Deliver the day after the landing zone's newest day, as the generator would have:
+    the orders placed that day (fresh ids) with their versions due that day, the lines of
+    earlier orders that arrive late that day, duplicates, malformed lines, and the day's FX
+    file if the walk writes one. Deterministic for the landing zone's parameters and the day.
+
+    The generation is replayed (the recorded parameters, or `params` for a landing zone
+    generated before they were recorded) and its last day checked against the files, so a
+    landing zone that is not what the parameters make is refused rather than continued.
+    The day's folders appear complete at once (written aside, then renamed).
+    """
+    out = Path(out)
+    params = read_params(out) or params
+    if params is None:
+        raise CannotDeliver(f"{out}: no {MANIFEST}; pass the parameters it was generated with")
+    days = landing_days(out)
+    if not days:
+        raise CannotDeliver(f"{out} holds no landing days; generate it first (make demo)")
+    if days[0] != params.start or days[-1] < params.end:
+        raise CannotDeliver(
+            f"{out} holds {days[0]}..{days[-1]}, not the generated {params.start}..{params.end}"
+        )
+    day = days[-1] + timedelta(days=1)
+    today = today or datetime.now(UTC).date()
+    if day >= today:
+        raise CannotDeliver(
+            f"the next day, {day}, is not over yet (today is {today}, UTC); "
+            "it can be delivered from tomorrow on"
+        )
+    orders, files = _base(params)
+    for name, body in files:
+        if name.startswith(f"orders/ingest_date={params.end.isoformat()}/"):
+            path = out / name
+            if not path.is_file() or path.read_bytes() != body:
+                raise CannotDeliver(
+                    f"{path} is not what {params.describe()} generates; refusing to continue it"
+                )
+    pending, fx = orders.pending, orders.fx
+    # Days delivered since: their lines due later, their draws on the FX walk.
+    for earlier in _days(params.end + timedelta(days=1), day - timedelta(days=1)):
+        rng, placed = _day_orders(params, earlier)
+        for arrive, lines in [*placed.deliveries.items(), *placed.pending.items()]:
+            if arrive != earlier:
+                pending[arrive].extend(lines)
+        for _ in _order_files(
+            rng, {earlier: [*pending.get(earlier, []), *placed.deliveries[earlier]]}
+        ):
+            pass
+        fx.walk(rng, [earlier])
+    rng, placed = _day_orders(params, day)
+    due, own = pending.get(day, []), placed.deliveries.get(day, [])
+    lines = [*due, *own]
+    history = set(_history_lines(out))
+    ids = {json.loads(text).get("order_id") for text in own if _is_object(text)}
+    counts = Counter(lines)
+    delivery = Delivery(
+        day=day,
+        files=[],
+        lines=len(lines),
+        new_order_lines=len(own),
+        late_lines=sum(1 for text in lines if _event_day(text) not in (None, day)),
+        duplicate_lines=sum(n - 1 for n in counts.values()) + len(set(lines) & history),
+        malformed_lines=placed.stats["malformed_lines"],
+        order_ids=sorted(i for i in ids if isinstance(i, str) and not i.startswith("bad-")),
+    )
+    order_files = list(_order_files(rng, {day: lines}))
+    staged = dict([*order_files, *_fx_files(fx.walk(rng, [day]))])
+    for kind in ("orders", "fx_rates"):
+        parts = {n.split("/", 2)[1]: None for n in staged if n.startswith(f"{kind}/")}
+        for folder in parts:
+            tmp = out / kind / f".{folder}.incoming"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for name, body in staged.items():
+                if name.startswith(f"{kind}/{folder}/"):
+                    (tmp / name.rsplit("/", 1)[1]).write_bytes(body)
+            tmp.rename(out / kind / folder)
+    delivery.files = sorted(staged)
+    return delivery
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _event_day(text: str) -> date | None:
+    """The UTC day of a line's event_time, None when the line has no readable one."""
+    try:
+        record = json.loads(text)
+        moment = datetime.fromisoformat(record["event_time"].replace("Z", "+00:00"))
+        return moment.astimezone(UTC).date() if moment.tzinfo else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _history_lines(out: Path) -> Iterator[str]:
+    for path in sorted((Path(out) / "orders").glob("ingest_date=*/*.jsonl")):
+        yield from (line.rstrip("\r") for line in path.read_text().split("\n") if line.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +556,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("./data/landing"))
     parser.add_argument("--malformed-rate", type=float, default=0.001)
     parser.add_argument("--force", action="store_true", help="replace existing generated data")
+    parser.add_argument(
+        "--deliver-next-day",
+        action="store_true",
+        help="add the day after the newest one to an existing landing zone (its recorded "
+        "parameters win over --start/--end/--orders-per-day/--seed)",
+    )
     args = parser.parse_args(argv)
+    if args.deliver_next_day:
+        given = Params(args.start, args.end, args.orders_per_day, args.seed, args.malformed_rate)
+        try:
+            delivery = deliver_next_day(args.out, given)
+        except CannotDeliver as refused:
+            print(f"Refused: {refused}")
+            return 1
+        print(delivery.summary())
+        return 0
     summary = generate_landing(
         args.out,
         args.start,

@@ -1,0 +1,181 @@
+"""What a person sees in a terminal: logs in a file, progress bars, a short summary.
+
+`make demo`, `make bench` and every `backfill-platform` command run inside `logs_to_file`:
+file descriptors 1 and 2 go to a log file, so everything libraries and child processes
+write (Dagster's console logger, Spark's JVM and log4j, Python warnings) lands there, while
+the command writes to the terminal through `Terminal.out` and `Terminal.err`, copies of the
+original descriptors. The log file's path is the first line a command prints.
+
+`RunProgress` is a run observer (`runner.observing`): one bar per planned piece of work with
+partitions (asset by day) done of total, runs done of total, elapsed time and ETA.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from tqdm import tqdm
+
+from backfill_platform.runner import RangeRun, RunReport, RunSpec
+from backfill_platform.settings import SettingError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INSTANCE_YAML = REPO_ROOT / "deploy" / "dagster.yaml"
+# Short enough for an 80-column terminal with room for the bar (dynamic_ncols sizes it).
+BAR_FORMAT = (
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} partitions{postfix} "
+    "[{elapsed}<{remaining}]"
+)
+
+
+def dagster_home() -> Path:
+    """DAGSTER_HOME, or the repository's `.dagster_home` (the Makefile's default) when unset,
+    created with `deploy/dagster.yaml` like `make dagster-home` does."""
+    configured = os.environ.get("DAGSTER_HOME", "").strip()
+    if configured:
+        home = Path(configured)
+        if not home.is_dir():
+            raise SettingError(
+                f"DAGSTER_HOME={configured}: no such directory (create it, e.g. "
+                "`make dagster-home`, or unset DAGSTER_HOME to use the repository's)"
+            )
+        return home
+    if not INSTANCE_YAML.is_file():
+        raise SettingError(
+            "DAGSTER_HOME is not set: export DAGSTER_HOME=<a directory for Dagster's instance>"
+        )
+    home = REPO_ROOT / ".dagster_home"
+    home.mkdir(exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        shutil.copy(INSTANCE_YAML, home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when it is inside it (shorter to read)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+@dataclass
+class Terminal:
+    """Where a command writes for a person while fds 1 and 2 go to the log file."""
+
+    out: TextIO
+    err: TextIO
+    log: Path
+
+
+@contextmanager
+def logs_to_file(name: str, directory: Path) -> Iterator[Terminal]:
+    """fds 1 and 2 to `directory/<name>-<UTC time>.log` for the block; `sys.stdout` is the
+    terminal's stdout meanwhile, so `print` still reaches the person."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.log"
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    encoding = sys.stdout.encoding or "utf-8"
+    out = os.fdopen(os.dup(1), "w", buffering=1, encoding=encoding, errors="replace")
+    err = os.fdopen(os.dup(2), "w", buffering=1, encoding=encoding, errors="replace")
+    previous_stdout = sys.stdout
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = out
+        try:
+            yield Terminal(out, err, path)
+        finally:
+            for stream in (out, err, sys.stderr, previous_stdout):
+                stream.flush()
+            sys.stdout = previous_stdout
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            out.close()
+            err.close()
+
+
+class RunProgress:
+    """Progress bars for `runner.observing`: one per planned piece of work."""
+
+    def __init__(self, stream: TextIO, labels: dict[str, str] | None = None):
+        self.stream = stream
+        self.labels = labels or {}
+        self.bar: tqdm | None = None
+        self.plan: Sequence[RunSpec] = ()
+        self.done = 0
+        self.failed: RangeRun | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    @staticmethod
+    def size(spec: RunSpec) -> int:
+        return len(spec.days) * len(spec.keys)
+
+    def planned(self, plan: Sequence[RunSpec], trigger: str) -> None:
+        self.close()
+        self.plan, self.done, self.failed = list(plan), 0, None
+        self.bar = tqdm(
+            total=sum(self.size(spec) for spec in self.plan),
+            desc=self.labels.get(trigger, trigger),
+            file=self.stream,
+            bar_format=BAR_FORMAT,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+        self._describe()
+        if self.stream.isatty():  # elapsed time keeps moving while a run works
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+
+    def ran(self, run: RangeRun) -> None:
+        if self.bar is None:
+            return
+        spec = self.plan[self.done]
+        self.done += 1
+        self.bar.update(self.size(spec))
+        if not run.success:
+            self.failed = run
+        self._describe()
+
+    def finished(self, report: RunReport | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _describe(self) -> None:
+        total = len(self.plan)
+        if self.failed is not None:
+            text = f"run {self.done}/{total} FAILED"
+        elif self.done < total:
+            text = f"run {self.done + 1}/{total}"  # the one in progress
+        else:
+            text = f"{total}/{total} runs"
+        self.bar.set_postfix_str(text, refresh=True)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            bar = self.bar
+            if bar is not None:
+                bar.refresh()

@@ -1,0 +1,168 @@
+"""A newcomer's first hour, as the README tells it: `make demo` with overrides, the CLI without
+an activated venv or DAGSTER_HOME, `make deliver-day` and the live path picking the day up.
+
+Real processes (make, `python -m backfill_platform`), real Spark, Delta and Dagster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from backfill_platform.automation.landing_sensor import landing_sensor
+from backfill_platform.definitions import build_resources
+from backfill_platform.sources.generate import deliver_next_day, generate_landing
+from backfill_platform.tables import RAW_ORDERS
+from backfill_platform_tests.harness import spark_resource_for_tests
+from backfill_platform_tests.test_automation import Daemon, _instance, _range
+
+REPO = Path(__file__).resolve().parents[1]
+LOG_LINE = re.compile(r"^log: (\S+\.log)")
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a new shell: no DAGSTER_HOME, data under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "BACKFILL_"))}
+    env.update(
+        BACKFILL_LANDING_DIR=str(tmp_path / "landing"),
+        BACKFILL_LAKEHOUSE_DIR=str(tmp_path / "lakehouse"),
+        **extra,
+    )
+    return env
+
+
+def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "backfill_platform", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _make(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    """make in the repository, with this interpreter and nothing to install (the test runs
+    from an installed venv)."""
+    return subprocess.run(
+        ["make", "--no-print-directory", *argv, "INSTALLED=", "JARS=", f"PY={sys.executable}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+
+
+DAYS = ["--start", "2024-01-01", "--end", "2024-01-02"]
+USER_ERRORS = {
+    "unknown asset": (["plan", "--select", "nope/x", *DAYS], {}, "unknown asset 'nope/x'"),
+    "reversed range": (
+        ["history", "--start", "2024-01-03", "--end", "2024-01-01"],
+        {},
+        "--start 2024-01-03 is after --end 2024-01-01",
+    ),
+    "bad setting": (
+        ["history", *DAYS],
+        {"BACKFILL_START_DATE": "2024-13-01"},
+        "BACKFILL_START_DATE='2024-13-01': not a day",
+    ),
+    "missing DAGSTER_HOME dir": (
+        ["rollback", "--reason", "r"],
+        {"DAGSTER_HOME": "/nonexistent/home"},
+        "DAGSTER_HOME=/nonexistent/home: no such directory",
+    ),
+}
+
+
+@pytest.mark.parametrize("argv,extra,says", USER_ERRORS.values(), ids=USER_ERRORS.keys())
+def test_a_user_error_is_one_line_and_exit_status_1(tmp_path, argv, extra, says):
+    result = _cli(_env(tmp_path, **extra), *argv)
+    output = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert output == [output[0]] and output[0].startswith("Refused: ") and says in output[0]
+
+
+def test_cli_without_dagster_home_uses_the_repositorys_and_logs_to_a_file(tmp_path):
+    """A new shell: no DAGSTER_HOME, the venv's interpreter run from the repository."""
+    result = _cli(
+        _env(tmp_path, BACKFILL_START_DATE="2024-01-01"),
+        "history",
+        "--start",
+        "2024-01-01",
+        "--end",
+        "2024-01-03",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "no commits in range"
+    first, *rest = result.stderr.splitlines()
+    assert rest == []  # Spark's and Dagster's output went to the file, not here
+    log = REPO / LOG_LINE.match(first).group(1)
+    assert log.parent == REPO / ".dagster_home" / "logs" and log.is_file()
+    assert (REPO / ".dagster_home" / "dagster.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
+    """`make demo` with the Makefile's overrides: the partitions start and end where the
+    demo's data does, so it reconciles; the log file's path comes first. Then the same
+    data with another scale is refused in one line, `make deliver-day` adds the next day
+    and `make ui` would define the partitions up to it."""
+    env = _env(tmp_path, DAGSTER_HOME=str(tmp_path / "home"))
+    demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5"]
+    result = _make(env, "demo", *demo)
+    lines = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(lines) < 60
+    log = Path(LOG_LINE.match(result.stdout.splitlines()[0]).group(1))
+    assert log.is_file() and log.parent == tmp_path / "home" / "logs"
+    assert "RUN_SUCCESS" in log.read_text()  # Dagster's events are in the file ...
+    assert "RUN_SUCCESS" not in result.stdout + result.stderr  # ... and not on the terminal
+    assert "Warning" not in result.stdout + result.stderr
+    assert "marts reconcile with the contract's answer: YES" in result.stdout
+    assert "2 Dagster runs over 3 days" in result.stdout
+
+    refused = _make(env, "demo", "DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=6")
+    assert refused.returncode != 0
+    assert [line for line in refused.stdout.splitlines()] == [refused.stdout.strip()]
+    assert refused.stdout.startswith("Refused: ") and "make clean-data" in refused.stdout
+
+    delivered = _make(env, "deliver-day")
+    assert delivered.returncode == 0, delivered.stdout + delivered.stderr
+    assert delivered.stdout.startswith("delivered 2024-01-04 ")
+    ui = _make(env, "-n", "ui")
+    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-04" in ui.stdout
+
+
+@pytest.mark.slow
+def test_a_delivered_day_is_requested_by_the_landing_sensor_and_ingested(tmp_path, spark):
+    """The live path on `deliver-day`'s output: the landing sensor requests exactly the new
+    day, and raw ingestion of it holds every delivered line, late ones included."""
+    landing, first, last = tmp_path / "landing", date(2024, 1, 1), date(2024, 1, 5)
+    generate_landing(landing, first, last, 30, seed=5, progress=False)
+    resources = build_resources(
+        str(landing), str(tmp_path / "lakehouse"), spark=spark_resource_for_tests()
+    )
+    daemon = Daemon(resources, _instance(tmp_path / "home"))
+    daemon.tick(landing_sensor)  # the history, taken as seen (not launched here)
+
+    delivery = deliver_next_day(landing)
+    new_day = (last + timedelta(days=1)).isoformat()
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(new_day, new_day)]
+    daemon.launch(landing_sensor, requests[0])
+
+    raw = resources["lakehouse"].read(RAW_ORDERS).where(F.col("ingest_date") == F.lit(new_day))
+    assert raw.count() == delivery.lines
+    assert raw.where(F.col("event_date") < F.col("ingest_date")).count() == delivery.late_lines
+    ids = {r["order_id"] for r in raw.select("order_id").where("order_id IS NOT NULL").collect()}
+    assert set(delivery.order_ids) <= ids
+    assert daemon.tick(landing_sensor)[0] == []  # delivered once, requested once
