@@ -28,7 +28,7 @@ DEMO_LAST = $(or $(lastword $(LANDING_DAYS)),$(DEMO_END))
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-skew
+.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-skew
 
 install: $(INSTALLED) $(JARS)
 
@@ -73,8 +73,12 @@ test: install
 # Real services end to end (README "Deploying"): webserver + daemon, Chromium, PostgreSQL,
 # a Spark standalone cluster. Installs Debian's chromium and postgresql when missing.
 E2E_DEBS := chromium chromium-driver postgresql
-e2e-deps:
-	@missing=""; for p in $(E2E_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# The reliability suites need a PostgreSQL server (fault trials with real services).
+RELIABILITY_DEBS := postgresql
+e2e-deps: DEBS = $(E2E_DEBS)
+reliability-deps: DEBS = $(RELIABILITY_DEBS)
+e2e-deps reliability-deps:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -qq && \
@@ -87,9 +91,10 @@ e2e: install e2e-deps
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
 
-# Killed runs, concurrent writers, live + backfill, hostile input, properties; prints the
-# figures and writes them to test-artifacts/reliability/ (see docs/reliability.md).
-reliability: install
+# Killed runs, concurrent writers, live + backfill, hostile input, properties, faults of the
+# real services (daemon, run worker, PostgreSQL); prints the figures and writes them to
+# test-artifacts/reliability/ (see docs/reliability.md).
+reliability: install reliability-deps
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \
 		-m reliability backfill_platform_tests/reliability
 	$(PY) -m backfill_platform_tests.reliability.report

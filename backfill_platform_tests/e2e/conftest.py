@@ -56,15 +56,23 @@ class Deployment:
 
 
 def start_deployment(
-    root: Path, yaml_name: str = "dagster.yaml", extra_env: dict[str, str] | None = None
+    root: Path,
+    yaml_name: str = "dagster.yaml",
+    extra_env: dict[str, str] | None = None,
+    code_server: bool = False,
+    landing: Path | None = None,
 ) -> Deployment:
-    landing, lakehouse = generated_landing(root), root / "lakehouse"
+    """Webserver + daemon over a landing zone (generated unless given); `code_server=True`
+    runs the code location as its own service first (deploy/workspace-code-server.yaml)."""
+    landing, lakehouse = landing or generated_landing(root), root / "lakehouse"
     home = make_dagster_home(root, yaml_name)
     env = dagster_env(home, landing, lakehouse, FIRST_DAY.isoformat(), extra_env or {})
     logs = root / "logs"
     logs.mkdir()
     services = DagsterServices(home=home, port=free_port(), env=env, log_dir=logs)
     try:
+        if code_server:
+            services.start_code_server()
         services.start_webserver()
         # Sensors are on by default; switch them off (as the UI's toggle does) before the
         # daemon starts, so every write in these tests comes from the backfills under test.

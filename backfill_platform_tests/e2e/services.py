@@ -227,15 +227,27 @@ class GraphQLError(AssertionError):
     pass
 
 
+# The code location's name in both workspaces (workspace.yaml loads the module itself;
+# deploy/workspace-code-server.yaml points at a code server started under this name).
+LOCATION_NAME = "backfill_platform.definitions"
+
+
 @dataclass
 class DagsterServices:
-    """dagster-webserver and dagster-daemon over one DAGSTER_HOME and one workspace."""
+    """dagster-webserver and dagster-daemon over one DAGSTER_HOME and one workspace.
+
+    By default the workspace is workspace.yaml: webserver and daemon each load the code
+    location in a code server of their own (their child, in their process group), and runs
+    execute in the daemon's. `start_code_server` runs the code location as its own service
+    instead (deploy/workspace-code-server.yaml), so runs live outside the daemon.
+    """
 
     home: Path
     port: int
     env: dict[str, str]
     log_dir: Path
     services: list[Service] = field(default_factory=list)
+    workspace: Path = REPO_ROOT / "workspace.yaml"
 
     @property
     def url(self) -> str:
@@ -246,8 +258,74 @@ class DagsterServices:
         return [s.log for s in self.services]
 
     # -- lifecycle ----------------------------------------------------------------------
+    def start_code_server(self, timeout: float = 240) -> None:
+        """`dagster code-server start` on a free loopback port, in its own process group;
+        webserver and daemon started afterwards reach it through
+        deploy/workspace-code-server.yaml (DAGSTER_CODE_SERVER_HOST/PORT)."""
+        port = free_port()
+        self.env = {
+            **self.env,
+            "DAGSTER_CODE_SERVER_HOST": "127.0.0.1",
+            "DAGSTER_CODE_SERVER_PORT": str(port),
+        }
+        self.workspace = REPO_ROOT / "deploy" / "workspace-code-server.yaml"
+        service = start(
+            "dagster-code-server",
+            [
+                str(BIN / "dagster"),
+                "code-server",
+                "start",
+                "-m",
+                LOCATION_NAME,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--location-name",
+                LOCATION_NAME,
+            ],
+            self.log_dir,
+            self.env,
+            REPO_ROOT,
+        )
+        self.services.append(service)
+
+        def serving() -> bool:
+            if not service.alive():
+                raise ServiceTimeout(f"dagster code-server exited:\n{log_tail(service.log)}")
+            check = subprocess.run(
+                [str(BIN / "dagster"), "api", "grpc-health-check", "-p", str(port)],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            return check.returncode == 0
+
+        wait_for("the code server to serve", serving, timeout, interval=2, logs=self.logs)
+
+    def service(self, name: str) -> Service:
+        """The running service called `name` (the newest, if it was restarted)."""
+        for service in reversed(self.services):
+            if service.name == name:
+                return service
+        raise KeyError(name)
+
+    def kill_service(self, name: str) -> set[int]:
+        """SIGKILL a service's whole process group at once (no SIGTERM first: a crash), reap
+        it and drop it from the running services. Returns the pids that were in its tree."""
+        service = self.service(name)
+        service.remember_descendants()
+        pids = {service.process.pid, *service.descendants}
+        _signal_group(service.process.pid, signal.SIGKILL)
+        for pid in service.descendants:  # any that left the group
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        service.process.wait(timeout=30)
+        self.services.remove(service)
+        return pids
+
     def start_webserver(self, timeout: float = 240) -> None:
-        workspace = str(REPO_ROOT / "workspace.yaml")
+        workspace = str(self.workspace)
         self.services.append(
             start(
                 "dagster-webserver",
@@ -280,7 +358,10 @@ class DagsterServices:
         return data["__typename"] == "RepositoryConnection" and bool(data["nodes"])
 
     def start_daemon(self, timeout: float = 240) -> None:
-        workspace = str(REPO_ROOT / "workspace.yaml")
+        """Start dagster-daemon and wait until *it* heartbeats (after a restart, the dead
+        daemon's last heartbeats still look healthy for a while)."""
+        workspace = str(self.workspace)
+        started_at = time.time()
         self.services.append(
             start(
                 "dagster-daemon",
@@ -292,21 +373,26 @@ class DagsterServices:
         )
         wait_for(
             "dagster-daemon heartbeats (backfill and run-queue daemons)",
-            self._daemons_healthy,
+            lambda: self._daemons_healthy(since=started_at),
             timeout,
             interval=2,
             logs=self.logs,
         )
 
-    def _daemons_healthy(self) -> bool:
+    def _daemons_healthy(self, since: float = 0.0) -> bool:
         if not self.services[-1].alive():
             raise ServiceTimeout(f"dagster-daemon exited:\n{log_tail(self.services[-1].log)}")
         data = self.graphql(
-            "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
+            "{ instance { daemonHealth { allDaemonStatuses"
+            " { daemonType healthy required lastHeartbeatTime } } } }"
         )
         statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
-        wanted = {s["daemonType"]: s["healthy"] for s in statuses}
-        return bool(wanted.get("BACKFILL")) and bool(wanted.get("QUEUED_RUN_COORDINATOR"))
+        fresh = {
+            s["daemonType"]
+            for s in statuses
+            if s["healthy"] and (s["lastHeartbeatTime"] or 0) >= since
+        }
+        return {"BACKFILL", "QUEUED_RUN_COORDINATOR"} <= fresh
 
     def stop(self) -> None:
         for service in self.services:
@@ -478,6 +564,12 @@ class PostgresServer:
             capture_output=True,
             timeout=timeout,
         )
+        self._pg_ctl_start(timeout)
+        wait_for("postgres to accept connections", self._accepts, timeout, interval=1)
+        with closing(self.connect(database="postgres")) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
+
+    def _pg_ctl_start(self, timeout: float) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data_dir} -c fsync=off"
             " -c max_connections=100"
@@ -502,9 +594,20 @@ class PostgresServer:
             capture_output=True,
             timeout=timeout + 10,
         )
+
+    def start_again(self, timeout: float = 120) -> None:
+        """Start the stopped server on its existing data directory and port."""
+        self._pg_ctl_start(timeout)
         wait_for("postgres to accept connections", self._accepts, timeout, interval=1)
-        with closing(self.connect(database="postgres")) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {self.database}")
+
+    def running(self) -> bool:
+        status = subprocess.run(
+            self._cmd([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status"]),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        return status.returncode == 0
 
     def _accepts(self) -> bool:
         with closing(self.connect(database="postgres")):

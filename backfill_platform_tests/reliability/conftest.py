@@ -60,3 +60,7 @@ def pytest_terminal_summary(terminalreporter):
     for suite, data in sorted(_REPORTED.items()):
         shown = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
         terminalreporter.write_line(f"{suite}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        # Suites with several trials list them under `details` (one dict per trial).
+        for detail in data.get("details", []):
+            flat = {k: v for k, v in detail.items() if not isinstance(v, (dict, list))}
+            terminalreporter.write_line("  " + ", ".join(f"{k}={v}" for k, v in flat.items()))
