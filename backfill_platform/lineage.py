@@ -38,6 +38,8 @@ class Lineage:
         self.code_version: dict[AssetKey, str | None] = {}
         self.siblings: dict[AssetKey, frozenset[AssetKey]] = {}
         for definition in self.assets:
+            if not definition.is_materializable:
+                continue  # observed reference data (known currencies): nothing to run or order
             keys = frozenset(definition.keys)
             for spec in definition.specs:
                 self.column[spec.key] = str(spec.metadata.get("partition_expr"))
