@@ -68,6 +68,24 @@ def already_ingested(instance: DagsterInstance, landing: LandingZoneResource, da
     return True
 
 
+def incomplete_days(landing: LandingZoneResource, days: list[str]) -> dict[str, str]:
+    """Day -> the kind still missing, for days whose delivery may not be complete yet.
+
+    The contract has no completion marker and a day may have no files of a kind. A day is
+    taken as complete when both orders and FX rates landed for it, or when any later day
+    has a delivery (the sources have moved on; files arriving later are a changed delivery
+    and are ingested again). Waiting keeps a window run from building a day whose FX
+    landed but whose orders did not.
+    """
+    orders, fx = set(landing.delivered_days(ORDERS)), set(landing.delivered_days(FX_RATES))
+    newest = max(orders | fx, default="")
+    waiting = {}
+    for day in days:
+        if day == newest and (day in orders) != (day in fx):
+            waiting[day] = ORDERS if day not in orders else FX_RATES
+    return waiting
+
+
 @sensor(
     job=raw_ingest_job,
     minimum_interval_seconds=30,
@@ -83,6 +101,14 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
     changed = [d for d, fp in current.items() if seen.get(d) != fp]
     if context.cursor is None:
         changed = [d for d in changed if not already_ingested(context.instance, landing, d)]
+    waiting = incomplete_days(landing, changed)
+    changed = [d for d in changed if d not in waiting]
+    # Waiting days keep their old fingerprint, so they are requested once complete.
+    cursor = {**current, **{d: seen[d] for d in waiting if d in seen}}
+    for day in waiting:
+        if day not in seen:
+            cursor.pop(day)
+    waits = "; ".join(f"{d}: {kind} not landed yet" for d, kind in sorted(waiting.items()))
     per_run = int(setting(PARTITIONS_PER_RUN))
     requests = []
     for days in (chunk for span in ranges_of(changed) for chunk in span.chunks(per_run)):
@@ -95,9 +121,14 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
             )
         )
     if not requests:
-        return SensorResult(
-            skip_reason=SkipReason(f"no new or changed deliveries in {len(current)} days"),
-            cursor=json.dumps(current, sort_keys=True),
+        reason = (
+            f"waiting for the day's delivery to complete: {waits}"
+            if waiting
+            else f"no new or changed deliveries in {len(current)} days"
         )
-    context.log.info(f"requesting raw ingestion of {changed}")
-    return SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
+        return SensorResult(
+            skip_reason=SkipReason(reason),
+            cursor=json.dumps(cursor, sort_keys=True),
+        )
+    context.log.info(f"requesting raw ingestion of {changed}" + (f"; {waits}" if waits else ""))
+    return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
