@@ -71,19 +71,15 @@ def already_ingested(instance: DagsterInstance, landing: LandingZoneResource, da
 def incomplete_days(landing: LandingZoneResource, days: list[str]) -> dict[str, str]:
     """Day -> the kind still missing, for days whose delivery may not be complete yet.
 
-    The contract has no completion marker and a day may have no files of a kind. A day is
-    taken as complete when both orders and FX rates landed for it, or when any later day
-    has a delivery (the sources have moved on; files arriving later are a changed delivery
-    and are ingested again). Waiting keeps a window run from building a day whose FX
-    landed but whose orders did not.
+    The contract has no completion marker, FX has no file on weekends, and a day may have
+    no orders at all. So the newest delivered day waits only while it has FX rates and no
+    orders yet; any earlier day is complete (the sources have moved on; files arriving
+    later are a changed delivery and are ingested again). This keeps a raw run, and the
+    window run after it, from building a day whose FX landed before its orders.
     """
     orders, fx = set(landing.delivered_days(ORDERS)), set(landing.delivered_days(FX_RATES))
     newest = max(orders | fx, default="")
-    waiting = {}
-    for day in days:
-        if day == newest and (day in orders) != (day in fx):
-            waiting[day] = ORDERS if day not in orders else FX_RATES
-    return waiting
+    return {day: ORDERS for day in days if day == newest and day in fx and day not in orders}
 
 
 @sensor(
