@@ -23,8 +23,10 @@ from dagster import (
     multi_observable_source_asset,
 )
 
+from backfill_platform.lineage import DERIVED_FROM
 from backfill_platform.resources import LandingZoneResource
 from backfill_platform.resources.landing import FX_RATES
+from backfill_platform.tables import RAW_FX_RATES
 
 FX_CURRENCIES = AssetKey(["reference", "fx_currencies"])
 
@@ -64,6 +66,8 @@ def currencies_version(codes: list[str]) -> str:
             description="The currency codes with a valid FX rate anywhere in the landing "
             "zone (contract 1.1). Observed by every raw ingestion run; its data version is a "
             "hash of the sorted codes, so it changes only when a currency appears or goes.",
+            # The runner and the operations' blast radius treat it as all of raw/fx_rates.
+            metadata={DERIVED_FROM: RAW_FX_RATES.to_user_string()},
         )
     ],
     name="fx_currencies",
