@@ -12,8 +12,10 @@ import pytest
 from dagster import AssetMaterialization, DagsterInstance, SkipReason, build_sensor_context
 from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
+from backfill_platform.assets.reference import FX_CURRENCIES, observe_currencies
 from backfill_platform.automation.stale_sensor import stale_partitions_sensor
 from backfill_platform.ranges import DayRange
+from backfill_platform.resources import LandingZoneResource
 from backfill_platform.tables import RAW_ORDERS
 
 FIRST, LAST = "2025-01-01", "2025-12-31"
@@ -139,3 +141,30 @@ def test_no_staleness_audit_is_queued_behind_a_requested_backfill(workspace):
     assert result.skip_message == (
         f"audit deferred: ['backfill {backfill_id}'] still writing tables (it would be moot)"
     )
+
+
+def test_known_currencies_version_changes_only_when_a_currency_appears(tmp_path):
+    """The reference node's data version (what Dagster's staleness compares) follows the
+    set of codes with a valid rate line, not the FX deliveries."""
+    landing = LandingZoneResource(landing_dir=str(tmp_path / "landing"))
+
+    def deliver(day: str, body: str) -> dict:
+        folder = tmp_path / "landing" / "fx_rates" / f"rate_date={day}"
+        folder.mkdir(parents=True)
+        (folder / "rates.csv").write_text("currency,usd_per_unit\n" + body)
+        observe_currencies(landing, instance)
+        (record,) = instance.fetch_observations(FX_CURRENCIES, limit=1).records
+        observation = record.asset_observation
+        return {
+            "codes": observation.metadata["currencies"].value,
+            "version": observation.tags["dagster/data_version"],
+        }
+
+    (tmp_path / "home").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        first = deliver("2025-06-10", "EUR,1.1\nbad,1\nGBP,0\n")  # invalid lines: not known
+        assert first["codes"] == "EUR,USD"
+        same = deliver("2025-06-11", "EUR,1.12\n")
+        assert same == first
+        grown = deliver("2025-06-12", "EUR,1.1\nJPY,0.0067\n")
+        assert grown["codes"] == "EUR,JPY,USD" and grown["version"] != first["version"]

@@ -16,10 +16,14 @@ import re
 
 from dagster import (
     AssetKey,
+    AssetSelection,
     AssetSpec,
+    DagsterInstance,
     DataVersion,
+    Definitions,
     MetadataValue,
     ObserveResult,
+    define_asset_job,
     multi_observable_source_asset,
 )
 
@@ -79,3 +83,11 @@ def fx_currencies(landing: LandingZoneResource):
         data_version=DataVersion(currencies_version(codes)),
         metadata={"currencies": MetadataValue.text(",".join(codes)), "count": len(codes)},
     )
+
+
+def observe_currencies(landing: LandingZoneResource, instance: DagsterInstance) -> None:
+    """One observation of the known currencies in process (the demo, before its backfill,
+    so staging records the version it was built against)."""
+    job = define_asset_job("observe_fx_currencies", selection=AssetSelection.assets(FX_CURRENCIES))
+    defs = Definitions(assets=[fx_currencies], jobs=[job], resources={"landing": landing})
+    defs.resolve_job_def(job.name).execute_in_process(instance=instance)
