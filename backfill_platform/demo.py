@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
+from backfill_platform.assets.reference import observe_currencies
 from backfill_platform.console import RunProgress, Terminal, dagster_home, logs_to_file, shown
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
@@ -134,6 +135,9 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     resources = build_resources(str(landing), str(lakehouse))
     instance = DagsterInstance.get()
     lineage = Lineage(all_assets)
+    # The known currencies first: staging records the version it was built against, so the
+    # UI does not call every staging day stale at the live path's first observation.
+    observe_currencies(resources["landing"], instance)
     with observing(RunProgress(terminal.out)):
         report = run_range(
             InProcessExecutor(all_assets, resources, instance),

@@ -11,10 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from dagster import AssetKey, AssetsDefinition, IdentityPartitionMapping, PartitionMapping
+from dagster import (
+    AllPartitionMapping,
+    AssetKey,
+    AssetsDefinition,
+    IdentityPartitionMapping,
+    PartitionMapping,
+)
 
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
+
+# Metadata of an observed reference asset naming the table whose content it summarizes.
+DERIVED_FROM = "backfill_platform/derived_from"
 
 
 class UnknownAsset(ValueError):
@@ -37,7 +46,18 @@ class Lineage:
         self.column: dict[AssetKey, str] = {}
         self.code_version: dict[AssetKey, str | None] = {}
         self.siblings: dict[AssetKey, frozenset[AssetKey]] = {}
+        # Observed reference nodes (the known currencies) are nothing to run; a partitioned
+        # table they are derived from stands in for them, read in full (see below).
+        derived_from = {
+            spec.key: AssetKey.from_user_string(spec.metadata[DERIVED_FROM])
+            for definition in self.assets
+            if not definition.is_materializable
+            for spec in definition.specs
+            if DERIVED_FROM in spec.metadata
+        }
         for definition in self.assets:
+            if not definition.is_materializable:
+                continue
             keys = frozenset(definition.keys)
             for spec in definition.specs:
                 self.column[spec.key] = str(spec.metadata.get("partition_expr"))
@@ -47,6 +67,13 @@ class Lineage:
                     keys if not definition.can_subset else frozenset([spec.key])
                 )
                 for dep in spec.deps:
+                    if dep.asset_key in derived_from:
+                        # Any day of the source table can change the reference set: the
+                        # runner orders and the operations' blast radius stay conservative
+                        # (Dagster's own graph keeps the narrow, observed node).
+                        edge = Edge(derived_from[dep.asset_key], spec.key, AllPartitionMapping())
+                        self.edges.append(edge)
+                        continue
                     mapping = dep.partition_mapping or IdentityPartitionMapping()
                     self.edges.append(Edge(dep.asset_key, spec.key, mapping))
 

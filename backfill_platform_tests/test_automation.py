@@ -44,7 +44,13 @@ from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, RangeRun, RunReport
-from backfill_platform.tables import CUSTOMER_LTV, RAW_ORDERS, STAGING_ORDERS
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+)
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,10 +213,18 @@ def test_landing_sensor_requests_each_delivery_once_and_a_changed_day_again(tmp_
     platform.write_rates(_day(7), {"EUR": "1.1"})
     (tmp_path / "landing" / "orders" / "ingest_date=not-a-day").mkdir()
 
+    # Day 7, the newest, has FX but no orders yet: its delivery may not be complete.
     requests, _, _ = daemon.tick(landing_sensor)
-    assert sorted(_range(r) for r in requests) == [(_day(2), _day(4)), (_day(6), _day(7))]
+    assert sorted(_range(r) for r in requests) == [(_day(2), _day(4)), (_day(6), _day(6))]
     assert all(r.tags["backfill_platform/trigger"] == "landing" for r in requests)
-    assert daemon.tick(landing_sensor)[0] == []  # same deliveries: nothing new
+    requests, skip, _ = daemon.tick(landing_sensor)  # same deliveries: nothing new
+    assert requests == [] and skip == (
+        f"waiting for the day's delivery to complete: {_day(7)}: orders not landed yet"
+    )
+    platform.write_orders(_day(7), [order_line("o7", f"{_day(7)}T10:00:00Z")])
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(7), _day(7))]
+    assert daemon.tick(landing_sensor)[0] == []
 
     platform.write_orders(_day(3), [order_line("late", f"{_day(1)}T10:00:00Z")], name="b.jsonl")
     requests, _, _ = daemon.tick(landing_sensor)
@@ -246,10 +260,88 @@ def test_rolling_window_is_one_ranged_run_that_yields_to_running_backfills(tmp_p
         tags={"dagster/partition": _day(5)},
     )
     instance.add_run(running)
+    # A raw ingestion run of day 6 still going (FX recorded, orders not yet): wait for it.
+    ingesting = DagsterRun(
+        job_name="raw_ingest_job",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={RAW_ORDERS, RAW_FX_RATES},
+        tags={"dagster/partition": _day(6)},
+    )
+    instance.add_run(ingesting)
+    materialized(RAW_FX_RATES, 6)
+    requests, skip, _ = daemon.tick(rolling_window_sensor)
+    assert requests == [] and skip == (
+        f"waiting for raw ingestion run(s) ['{ingesting.run_id}'] of window days"
+    )
     materialized(RAW_ORDERS, 6)
+    instance.delete_run(ingesting.run_id)
     requests, _, _ = daemon.tick(rolling_window_sensor)
     assert [_range(r) for r in requests] == [(_day(6), _day(6))]  # shrunk past day 5
     assert requests[0].tags["backfill_platform/trigger"] == "rolling-window"
+    instance.delete_run(running.run_id)
+
+    # A backfill of every layer already built the window after its raw: no window run.
+    materialized(RAW_ORDERS, 6)
+    materialized(STAGING_ORDERS, 4, 5, 6)
+    materialized(CUSTOMER_LTV, 4, 5, 6)
+    requests, skip, _ = daemon.tick(rolling_window_sensor)
+    assert requests == [] and skip == f"window {_day(4)}..{_day(6)} already built after its raw"
+
+
+def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp_path):
+    """No Spark here: materializations are reported to the instance directly, as runs
+    would record them; the sensor decides from them alone whether an audit is worth a run."""
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
+    daemon = Daemon(resources, instance)
+
+    def materialized(key, days, **metadata):
+        for i in days:
+            instance.report_runless_asset_event(
+                AssetMaterialization(key, partition=_day(i), metadata=metadata)
+            )
+
+    # A backfill of days 1..10 built every layer in order: nothing can be stale.
+    materialized(RAW_ORDERS, range(1, 11), late_rows=0)
+    materialized(RAW_FX_RATES, range(1, 11))
+    for key in (STAGING_ORDERS, FCT_DAILY_REVENUE, CUSTOMER_LTV):
+        materialized(key, range(1, 11))
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip.startswith("nothing can be stale: writes since the last")
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip.startswith("nothing can be stale: no write since")
+
+    # Staging of day 2 rebuilt alone: daily revenue and LTV from day 2 are behind it.
+    materialized(STAGING_ORDERS, [2])
+    (request,) = daemon.tick(stale_partitions_sensor)[0]
+    assert request.job_name == "staleness_audit_job"
+    assert request.tags["backfill_platform/audit_reason"] == (
+        f"marts/fct_daily_revenue older than staging on 1 day(s) from {_day(2)}"
+    )
+    materialized(FCT_DAILY_REVENUE, [2])
+    materialized(CUSTOMER_LTV, range(2, 11))  # the repair: nothing behind any more
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip.startswith("nothing can be stale")
+
+    # Day 11 arrives with late rows while its raw run is still going: no audit behind it.
+    writer = DagsterRun(
+        job_name="raw_ingest_job",
+        status=DagsterRunStatus.STARTED,
+        tags={"dagster/partition": _day(11)},
+    )
+    instance.add_run(writer)
+    materialized(RAW_ORDERS, [11], late_rows=2)
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip == (
+        f"audit deferred: ['{writer.run_id}'] still writing tables (it would be moot)"
+    )
+    instance.delete_run(writer.run_id)
+    # The live window (days 9..11) is the window run's; days 1..8 were built before.
+    (request,) = daemon.tick(stale_partitions_sensor)[0]
+    assert request.tags["backfill_platform/audit_reason"] == (
+        f"raw/orders {_day(11)} has late rows for staging days built before it: "
+        f"{_day(1)}..{_day(8)}"
+    )
 
 
 def test_daily_schedule_builds_yesterdays_utc_partition_at_two():

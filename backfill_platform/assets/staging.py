@@ -6,7 +6,6 @@ late data is folded in without scanning all of history.
 """
 
 from dagster import (
-    AllPartitionMapping,
     AssetDep,
     AssetExecutionContext,
     AssetOut,
@@ -22,10 +21,10 @@ from backfill_platform.assets.common import (
     chunked_backfill_policy,
     run_dates,
 )
+from backfill_platform.assets.reference import FX_CURRENCIES
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import (
-    RAW_FX_RATES,
     RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
@@ -34,8 +33,9 @@ from backfill_platform.tables import (
 from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import latest_wins, with_unknown_currency
 
-# Event day D is built from raw ingest days D .. D+N (late arrivals); all currency codes
-# ever delivered decide which currencies are known.
+# Event day D is built from raw ingest days D .. D+N (late arrivals). Which currencies are
+# known (contract 1.1) is the unpartitioned reference node, not every raw/fx_rates day: an
+# all-partitions edge to raw/fx_rates made a 3-day UI backfill target every day to today.
 _LATE_ARRIVALS = TimeWindowPartitionMapping(
     start_offset=0, end_offset=LATE_ARRIVAL_LINEAGE_DAYS, allow_nonexistent_upstream_partitions=True
 )
@@ -62,7 +62,7 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
     },
     deps=[
         AssetDep(RAW_ORDERS, partition_mapping=_LATE_ARRIVALS),
-        AssetDep(RAW_FX_RATES, partition_mapping=AllPartitionMapping()),
+        AssetDep(FX_CURRENCIES),
     ],
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dagster import DagsterInstance
 
-from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, raw_ingest_job
+from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, RAW_KEYS, raw_ingest_job
 from backfill_platform.ranges import DayRange, keys_in_window
 from backfill_platform.runner import active_runs, run_days
 
@@ -51,3 +51,20 @@ def blocked_days(instance: DagsterInstance) -> dict[str, str]:
         for write in active_downstream_writes(instance)
         for key in keys_in_window(write.days.start, write.days.end)
     }
+
+
+def active_raw_writes(instance: DagsterInstance) -> list[ActiveWrite]:
+    """Queued or running runs that write raw, with the ingest days they cover.
+
+    A raw ingestion run records raw/fx_rates before raw/orders; until it ends a day's
+    raw is half delivered, so the rolling window waits for it.
+    """
+    writes = []
+    for run in active_runs(instance):
+        selection = run.asset_selection
+        if selection is not None and not set(selection) & set(RAW_KEYS):
+            continue
+        days = run_days(run)
+        if days is not None:
+            writes.append(ActiveWrite(run.run_id, days))
+    return writes

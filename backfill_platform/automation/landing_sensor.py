@@ -68,6 +68,20 @@ def already_ingested(instance: DagsterInstance, landing: LandingZoneResource, da
     return True
 
 
+def incomplete_days(landing: LandingZoneResource, days: list[str]) -> dict[str, str]:
+    """Day -> the kind still missing, for days whose delivery may not be complete yet.
+
+    The contract has no completion marker, FX has no file on weekends, and a day may have
+    no orders at all. So the newest delivered day waits only while it has FX rates and no
+    orders yet; any earlier day is complete (the sources have moved on; files arriving
+    later are a changed delivery and are ingested again). This keeps a raw run, and the
+    window run after it, from building a day whose FX landed before its orders.
+    """
+    orders, fx = set(landing.delivered_days(ORDERS)), set(landing.delivered_days(FX_RATES))
+    newest = max(orders | fx, default="")
+    return {day: ORDERS for day in days if day == newest and day in fx and day not in orders}
+
+
 @sensor(
     job=raw_ingest_job,
     minimum_interval_seconds=30,
@@ -83,6 +97,14 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
     changed = [d for d, fp in current.items() if seen.get(d) != fp]
     if context.cursor is None:
         changed = [d for d in changed if not already_ingested(context.instance, landing, d)]
+    waiting = incomplete_days(landing, changed)
+    changed = [d for d in changed if d not in waiting]
+    # Waiting days keep their old fingerprint, so they are requested once complete.
+    cursor = {**current, **{d: seen[d] for d in waiting if d in seen}}
+    for day in waiting:
+        if day not in seen:
+            cursor.pop(day)
+    waits = "; ".join(f"{d}: {kind} not landed yet" for d, kind in sorted(waiting.items()))
     per_run = int(setting(PARTITIONS_PER_RUN))
     requests = []
     for days in (chunk for span in ranges_of(changed) for chunk in span.chunks(per_run)):
@@ -95,9 +117,14 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
             )
         )
     if not requests:
-        return SensorResult(
-            skip_reason=SkipReason(f"no new or changed deliveries in {len(current)} days"),
-            cursor=json.dumps(current, sort_keys=True),
+        reason = (
+            f"waiting for the day's delivery to complete: {waits}"
+            if waiting
+            else f"no new or changed deliveries in {len(current)} days"
         )
-    context.log.info(f"requesting raw ingestion of {changed}")
-    return SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
+        return SensorResult(
+            skip_reason=SkipReason(reason),
+            cursor=json.dumps(cursor, sort_keys=True),
+        )
+    context.log.info(f"requesting raw ingestion of {changed}" + (f"; {waits}" if waits else ""))
+    return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))

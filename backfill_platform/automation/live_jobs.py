@@ -2,6 +2,7 @@
 
 from dagster import AssetObservation, AssetSelection, OpExecutionContext, define_asset_job, job, op
 
+from backfill_platform.assets.reference import FX_CURRENCIES
 from backfill_platform.automation.maintenance import lakehouse_vacuum_job
 from backfill_platform.automation.staleness import detect
 from backfill_platform.partitions import daily_partitions
@@ -24,11 +25,14 @@ REACTS_TO_TAG = "backfill_platform/reacts_to"
 RAW_KEYS = tuple(t.key for t in tables_in(["raw"]))
 DOWNSTREAM_KEYS = tuple(t.key for t in tables_in(["staging", "marts"]))
 
+# Every delivery also re-observes the known currencies (reference/fx_currencies): a list of
+# small CSVs in the same run, so a new currency marks staging stale without a run of its own.
 raw_ingest_job = define_asset_job(
     "raw_ingest_job",
-    selection=AssetSelection.assets(*RAW_KEYS),
+    selection=AssetSelection.assets(*RAW_KEYS, FX_CURRENCIES),
     partitions_def=daily_partitions,
-    description="Ingest delivered landing days into raw/orders and raw/fx_rates.",
+    description="Ingest delivered landing days into raw/orders and raw/fx_rates; observe "
+    "the known currencies.",
 )
 
 rolling_window_job = define_asset_job(

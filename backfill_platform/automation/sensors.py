@@ -1,9 +1,10 @@
 """The live path's sensors, one module each (intervals: docs/live-path.md).
 
-Landing and window every 30 s, staleness every 60 s with an audit run at most every
-30 min while nothing is stale. Sensors only read the landing listing and Dagster's
-instance (no Spark in the code server); every Spark scan and every write happens in a
-queued run under the instance's concurrency limits.
+Landing and window every 30 s, staleness every 60 s: an audit run only when the instance
+shows something can be stale, never behind a writer, at most every 30 min while clean.
+Sensors only read the landing listing and Dagster's instance (no Spark in the code
+server); every Spark scan and every write happens in a queued run under the instance's
+concurrency limits.
 """
 
 from backfill_platform.automation.landing_sensor import landing_sensor

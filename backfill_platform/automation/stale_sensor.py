@@ -1,10 +1,13 @@
 """The staleness sensor: audits built partitions for late rows beyond the window, reports
 them and, with auto repair on, requests the targeted backfill.
 
-Spark-free: the scan runs in `staleness_audit_job` runs this sensor requests; the sensor
-reads their reports (observations on staging/orders) and the runs in progress.
+Spark-free: the scan runs in `staleness_audit_job` runs this sensor requests, and only when
+the instance says something can be stale (`stale_signals`) and no run or backfill that
+would make the audit moot is queued or running; the sensor reads the audits' reports
+(observations on staging/orders) and the runs in progress.
 """
 
+import json
 import time
 
 from dagster import (
@@ -22,13 +25,15 @@ from backfill_platform.automation.live_jobs import (
     AUDIT_MARKER,
     DOWNSTREAM_KEYS,
     RAW_KEYS,
+    lakehouse_vacuum_job,
     repair_ltv_job,
     repair_staging_job,
     staleness_audit_job,
 )
+from backfill_platform.automation.stale_signals import stale_signals
 from backfill_platform.automation.staleness import REPAIR_COMMAND, STAGING_STEP, StalenessReport
 from backfill_platform.automation.window_sensor import live_window
-from backfill_platform.runner import TRIGGER_TAG, range_tags
+from backfill_platform.runner import TRIGGER_TAG, active_runs, range_tags
 from backfill_platform.settings import AUTO_REPAIR_STALE, STALENESS_AUDIT_SECONDS, setting
 from backfill_platform.tables import STAGING_ORDERS
 
@@ -66,6 +71,34 @@ def latest_audit(instance: DagsterInstance):
     return None
 
 
+def moot_makers(instance: DagsterInstance) -> list[str]:
+    """Queued or running runs and requested backfills that write tables: an audit queued
+    behind them would report on data they are about to change (and hold a run slot)."""
+    quiet = {staleness_audit_job.name, lakehouse_vacuum_job.name}
+    runs = [run.run_id for run in active_runs(instance) if run.job_name not in quiet]
+    backfills = [  # between a backfill's runs none is active, but the backfill is
+        f"backfill {b.backfill_id}"
+        for b in instance.get_backfills(limit=50)
+        if b.status.value == "REQUESTED"
+    ]
+    return runs + backfills
+
+
+def audit_or_repair(instance: DagsterInstance) -> list[str]:
+    return active_run_ids(instance, job_name=staleness_audit_job.name) + active_run_ids(
+        instance, tags={TRIGGER_TAG: REPAIR_TRIGGER}
+    )
+
+
+def _cursor(text: str | None) -> dict:
+    """{"checked": newest write found unable to make anything stale, "repaired": audit id}."""
+    if not text:
+        return {}
+    if text.isdigit():  # the earlier plain form: the audit a repair was requested for
+        return {"repaired": int(text)}
+    return json.loads(text)
+
+
 @sensor(
     jobs=[staleness_audit_job, repair_staging_job, repair_ltv_job],
     minimum_interval_seconds=60,
@@ -82,6 +115,7 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
     reads staging that is still being rewritten.
     """
     instance = context.instance
+    cursor = _cursor(context.cursor)
     changed = latest_write(instance)
     if not changed:
         return SkipReason("no lakehouse table has been written yet")
@@ -94,20 +128,36 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
         else None
     )
     if audit is None or audit.storage_id < changed:
-        busy = active_run_ids(instance, job_name=staleness_audit_job.name) + active_run_ids(
-            instance, tags={TRIGGER_TAG: REPAIR_TRIGGER}
-        )
+        busy = audit_or_repair(instance)
         if busy:
             return SkipReason(f"waiting for run(s) {busy}")
+        clean = report is None or not report.stale
+        checked = max(audit.storage_id if audit else 0, cursor.get("checked", 0))
+        if clean and checked >= changed:
+            return SkipReason("nothing can be stale: no write since the last look can")
+        writers = moot_makers(instance)
+        if writers:
+            return SkipReason(f"audit deferred: {writers} still writing tables (it would be moot)")
+        signals = stale_signals(instance, checked, live_window(instance)) if clean else ["stale"]
+        if not signals:
+            return SensorResult(
+                skip_reason=SkipReason(
+                    "nothing can be stale: writes since the last look reach no built "
+                    "partition outside the live window"
+                ),
+                cursor=json.dumps({**cursor, "checked": changed}),
+            )
         age = time.time() - audit.timestamp if audit else None
         if report is not None and not report.stale and age < audit_interval_seconds():
-            return SkipReason(
-                f"tables changed; next audit in {audit_interval_seconds() - age:.0f} s"
-            )
+            return SkipReason(f"{signals[0]}; next audit in {audit_interval_seconds() - age:.0f} s")
+        context.log.info(f"requesting a staleness audit: {'; '.join(signals)}")
         return RunRequest(
             run_key=f"audit:{changed}",
             job_name=staleness_audit_job.name,
-            tags={TRIGGER_TAG: "staleness-audit"},
+            tags={
+                TRIGGER_TAG: "staleness-audit",
+                "backfill_platform/audit_reason": signals[0][:200],
+            },
         )
 
     if not report.stale:
@@ -122,7 +172,7 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
             f"STALE: {report.summary()}. Targeted backfill: {plan}. "
             f"Run `{REPAIR_COMMAND}` or set {AUTO_REPAIR_ENV}=true."
         )
-    if context.cursor == str(audit.storage_id):
+    if cursor.get("repaired") == audit.storage_id:
         return SkipReason(f"repair of audit {audit.storage_id} already requested: {plan}")
     phase = [s for s in steps if s.kind == STAGING_STEP] or steps[-1:]
     writing = blocked_days(instance)
@@ -141,5 +191,5 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
             )
             for s in phase
         ],
-        cursor=str(audit.storage_id),
+        cursor=json.dumps({**cursor, "repaired": audit.storage_id}),
     )

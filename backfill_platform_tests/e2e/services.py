@@ -431,8 +431,8 @@ class DagsterServices:
 
         The UI's "Launch backfill" dialog sends `assetSelection` + `partitionNames`, which
         Dagster applies to the root assets and widens downstream through the partition
-        mappings (staging depends on all of raw/fx_rates, so that would be every later
-        partition); `partitionsByAssets` pins each asset to exactly the range.
+        mappings (the lineage window: docs/lineage.md); `partitionsByAssets` pins each
+        asset to exactly the range.
         """
         params = {
             "partitionsByAssets": [
