@@ -30,6 +30,7 @@ from backfill_platform.automation.sensors import rolling_window_sensor
 from backfill_platform.checks import all_checks
 from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
 from backfill_platform.definitions import all_assets
+from backfill_platform.partitions import daily_partitions
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -167,10 +168,13 @@ def _failed(verdicts: Verdicts) -> list[str]:
 
 
 def _partition_statuses(instance: DagsterInstance, check: AssetCheckKey) -> dict[str, str]:
-    """What the instance stores per partition of a check (what the UI's Checks tab reads)."""
+    """The resolved status per partition of a check, as the UI's Checks tab gets it
+    (a partition whose evaluation does not target its latest materialization has none)."""
+    state = instance.event_log_storage.get_asset_check_state([(check, daily_partitions)])[check]
     return {
-        info.partition_key: info.latest_execution_status.value
-        for info in instance.event_log_storage.get_asset_check_partition_info([check])
+        partition: status.value
+        for status, subset in state.subsets.items()
+        for partition in subset.subset_value.get_partition_keys()
     }
 
 

@@ -11,7 +11,8 @@ its step naming those days (Dagster cannot skip part of a ranged step; see docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +23,11 @@ from dagster import (
     AssetCheckSeverity,
     AssetKey,
     AssetObservation,
+    AssetRecordsFilter,
     DagsterInstance,
     Failure,
     Output,
+    deserialize_value,
 )
 
 from backfill_platform.ranges import DayRange
@@ -100,9 +103,11 @@ class CheckOutcome:
         self,
         blocking: bool,
         metrics: Mapping[str, Mapping[str, float | int]] | None = None,
+        targets: Mapping[str, Any] | None = None,
     ) -> list[AssetCheckEvaluation]:
-        """One evaluation per partition, carrying that partition's numbers as metadata."""
-        metrics = metrics or {}
+        """One evaluation per partition, carrying that partition's numbers as metadata and
+        pointing at the partition's materialization it verified (`targets`)."""
+        metrics, targets = metrics or {}, targets or {}
         return [
             AssetCheckEvaluation(
                 asset_key=self.asset_key,
@@ -112,6 +117,7 @@ class CheckOutcome:
                 description=self.describe(r),
                 blocking=blocking,
                 partition=r.partition,
+                target_materialization_data=targets.get(r.partition),
                 metadata={
                     "expected": _value(r.expected),
                     "actual": _value(r.actual),
@@ -147,10 +153,17 @@ def record(
     """
     specs = {spec.key: spec for spec in context.check_specs}
     outputs = context.op_execution_context.op_def.output_defs
+    instance = context.op_execution_context.instance
+    targets: dict[AssetKey, dict[str, Any]] = {}
     blocked: list[str] = []
     for outcome in outcomes:
         spec = specs[AssetCheckKey(outcome.asset_key, outcome.check_name)]
-        yield from outcome.evaluations(spec.blocking, metrics)
+        if outcome.asset_key not in targets:
+            partitions = [r.partition for r in outcome.results]
+            targets[outcome.asset_key] = latest_materializations(
+                instance, outcome.asset_key, partitions
+            )
+        yield from outcome.evaluations(spec.blocking, metrics, targets[outcome.asset_key])
         if spec.blocking and outcome.severity == AssetCheckSeverity.ERROR and outcome.failed:
             days = [r.partition for r in outcome.failed]
             listed = "; ".join(outcome.describe(r) for r in outcome.failed[:MAX_LISTED])
@@ -168,6 +181,46 @@ def record(
             "(a ranged step cannot skip single days: fix the data and re-run the range). "
             + " | ".join(blocked)
         )
+
+
+def latest_materializations(
+    instance: DagsterInstance, key: AssetKey, partitions: Sequence[str]
+) -> dict[str, Any]:
+    """Partition -> pointer to its latest materialization, as an evaluation's target.
+
+    Dagster shows a partition's check status only while the evaluation targets the
+    partition's latest materialization (otherwise a newer materialization "clears" it), and
+    fills the target itself only for a single-partition `AssetCheckResult`. The pointer
+    type is not exported, so it is built from its serialized form, the one the event log
+    stores and Dagster must keep reading (`deserialize_value`, public).
+    """
+    found: dict[str, Any] = {}
+
+    def fetch(keys: Sequence[str], limit: int) -> None:
+        page = AssetRecordsFilter(asset_key=key, asset_partitions=list(keys))
+        for rec in instance.fetch_materializations(page, limit=limit).records:
+            if rec.partition_key and rec.partition_key not in found:
+                found[rec.partition_key] = _target(rec.storage_id, rec.run_id, rec.timestamp)
+
+    # One query for the range (a ranged run wrote each partition once), then one per
+    # partition that page did not reach (re-materialized since, or never materialized).
+    fetch(partitions, 2 * len(partitions))
+    for partition in [p for p in partitions if p not in found]:
+        fetch([partition], 1)
+    return found
+
+
+def _target(storage_id: int, run_id: str, timestamp: float) -> Any:
+    return deserialize_value(
+        json.dumps(
+            {
+                "__class__": "AssetCheckEvaluationTargetMaterializationData",
+                "storage_id": storage_id,
+                "run_id": run_id,
+                "timestamp": timestamp,
+            }
+        )
+    )
 
 
 def log_partition_metrics(
