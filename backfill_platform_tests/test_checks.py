@@ -7,6 +7,7 @@ of that lakehouse, corrupts one table with a new Delta version through the one w
 """
 
 import shutil
+from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from backfill_platform.automation.sensors import rolling_window_sensor
 from backfill_platform.checks import all_checks
 from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
 from backfill_platform.definitions import all_assets
+from backfill_platform.partitions import daily_partitions
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -127,15 +129,53 @@ def _definitions_of(checks: list[str]):
     return [d for d in all_checks if keys & set(d.check_keys)]
 
 
-def _evaluations(result) -> dict[str, AssetCheckEvaluation]:
+@dataclass
+class Verdicts:
+    """One check's evaluations in a run: one per partition."""
+
+    evaluations: list[AssetCheckEvaluation]
+
+    @property
+    def passed(self) -> bool:
+        return all(e.passed for e in self.evaluations)
+
+    @property
+    def partitions(self) -> list[str]:
+        return [e.partition for e in self.evaluations]
+
+    @property
+    def severity(self) -> AssetCheckSeverity:
+        return self.evaluations[0].severity
+
+    @property
+    def description(self) -> str:
+        return "\n".join(e.description for e in self.evaluations)
+
+    def of(self, partition: str) -> AssetCheckEvaluation:
+        return next(e for e in self.evaluations if e.partition == partition)
+
+
+def _evaluations(result) -> dict[str, Verdicts]:
+    by_check: dict[str, Verdicts] = {}
+    for e in result.get_asset_check_evaluations():
+        name = f"{e.asset_key.to_user_string()}:{e.check_name}"
+        by_check.setdefault(name, Verdicts([])).evaluations.append(e)
+    return by_check
+
+
+def _failed(verdicts: Verdicts) -> list[str]:
+    return [e.partition for e in verdicts.evaluations if not e.passed]
+
+
+def _partition_statuses(instance: DagsterInstance, check: AssetCheckKey) -> dict[str, str]:
+    """The resolved status per partition of a check, as the UI's Checks tab gets it
+    (a partition whose evaluation does not target its latest materialization has none)."""
+    state = instance.event_log_storage.get_asset_check_state([(check, daily_partitions)])[check]
     return {
-        f"{e.asset_key.to_user_string()}:{e.check_name}": e
-        for e in result.get_asset_check_evaluations()
+        partition: status.value
+        for status, subset in state.subsets.items()
+        for partition in subset.subset_value.get_partition_keys()
     }
-
-
-def _failed(evaluation: AssetCheckEvaluation) -> list[str]:
-    return evaluation.metadata[FAILED_PARTITIONS].value
 
 
 def _rewrite(platform: Platform, key: AssetKey, column: str, day: str, change) -> None:
@@ -156,13 +196,19 @@ def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
         f"{k.asset_key.to_user_string()}:{k.name}" for c in all_checks for k in c.check_keys
     }
     assert set(evaluations) == expected_checks and len(expected_checks) == 13
-    for name, evaluation in evaluations.items():
-        assert evaluation.passed, (name, evaluation.description)
-        assert evaluation.metadata[PARTITIONS].value == DAYS, name
-        table = evaluation.metadata["results"].value
-        assert [r.data["partition"] for r in table.records] == DAYS, name
-        assert all(r.data["passed"] for r in table.records)
-        assert "all 6 partition(s) pass" in evaluation.description
+    for name, verdicts in evaluations.items():
+        # One evaluation per day of the ranged run, each for its own partition.
+        assert verdicts.passed, (name, verdicts.description)
+        assert verdicts.partitions == DAYS, name
+        assert all(e.description.count(" pass ") == 1 for e in verdicts.evaluations), name
+    # Read back from the instance: every partition of every check has its own verdict.
+    platform, _ = built
+    for check in (k for c in all_checks for k in c.check_keys):
+        assert _partition_statuses(platform.instance, check) == dict.fromkeys(DAYS, "SUCCEEDED")
+    # That day's numbers travel on that day's evaluation.
+    raw_check = evaluations["raw/orders:rows_match_landing_lines"]
+    assert [raw_check.of(d).metadata["actual"].value for d in DAYS] == [42] + [43] * 5
+    assert raw_check.of(DAYS[1]).metadata["late_rows"].value == 1
 
     # Per-partition numbers for the UI: one observation per partition, own values each.
     observed = {}
@@ -295,14 +341,16 @@ def test_drift_names_the_rewritten_day_that_changed_and_passes_the_identical_one
     assert evaluation.severity == AssetCheckSeverity.WARN
     assert _failed(evaluation) == [DAYS[2]]
     assert "sum:revenue_usd 100.0%" in evaluation.description
-    assert evaluation.metadata["rewritten_partitions"].value == 2
+    assert evaluation.of(DAYS[2]).metadata["rewritten_partitions"].value == 2
 
 
 # -- blocking -------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_blocking_failure_in_a_single_partition_run_stops_downstream(copy):
-    """A raw row that slipped through parsing without an order_id (crafted in raw) reaches
-    staging; the blocking NOT NULL check fails and the marts are not touched."""
+def test_a_blocking_failure_in_a_ranged_run_fails_that_day_only_and_stops_downstream(copy):
+    """A raw row that slipped through parsing without an order_id (crafted in raw on day 3)
+    reaches staging; over days 2..4 the blocking NOT NULL check fails day 3 only, the step
+    fails naming that day, and the marts are not touched (for any day: a ranged step cannot
+    be split)."""
     _rewrite(
         copy,
         RAW_ORDERS,
@@ -324,8 +372,8 @@ def test_a_blocking_failure_in_a_single_partition_run_stops_downstream(copy):
     blocking = [d for d in all_checks for s in d.check_specs if s.blocking and s.asset_key in built]
     result = materialize_range(
         ASSETS_AND_CHECKS,
-        DAYS[2],
-        DAYS[2],
+        DAYS[1],
+        DAYS[3],
         copy.resources,
         copy.instance,
         selection=AssetSelection.assets(*built).without_checks() | AssetSelection.checks(*blocking),
@@ -335,12 +383,44 @@ def test_a_blocking_failure_in_a_single_partition_run_stops_downstream(copy):
     materialized = {e.asset_key for e in result.get_asset_materialization_events()}
     assert STAGING_ORDERS in materialized
     assert FCT_DAILY_REVENUE not in materialized and CUSTOMER_LTV not in materialized
-    evaluation = _evaluations(result)["staging/orders:required_columns_not_null"]
-    assert _failed(evaluation) == [DAYS[2]] and "order_id: 1 NULLs" in evaluation.description
-    assert evaluation.metadata[PARTITIONS].value == [DAYS[2]]
+    not_null = _evaluations(result)["staging/orders:required_columns_not_null"]
+    assert not_null.partitions == DAYS[1:4]
+    assert _failed(not_null) == [DAYS[2]] and "order_id: 1 NULLs" in not_null.description
     assert _evaluations(result)["staging/orders:accounts_for_every_raw_row"].passed
+    failure = next(
+        e.step_failure_data.error.message
+        for e in result.all_events
+        if e.event_type == DagsterEventType.STEP_FAILURE
+    )
+    assert (
+        f"staging/orders:required_columns_not_null failed for 1 of 3 partition(s): {DAYS[2]}"
+        in (failure)
+    )
+    check = _check_key("staging/orders:required_columns_not_null")
+    assert _partition_statuses(copy.instance, check) == {
+        DAYS[1]: "SUCCEEDED",
+        DAYS[2]: "FAILED",
+        DAYS[3]: "SUCCEEDED",
+    }
     assert copy.version("marts/fct_daily_revenue") == fct_version
     assert copy.version("marts/customer_ltv") == ltv_version
+
+
+@pytest.mark.slow
+def test_a_faulty_landing_day_fails_its_check_on_that_day_only(copy):
+    """A line delivered late into day 4's landing file after raw was built: the raw
+    reconciliation over all six days fails day 4 alone, in its own evaluation."""
+    day_file = sorted((copy.landing / "orders" / f"ingest_date={DAYS[3]}").iterdir())[0]
+    with day_file.open("a") as out:
+        out.write(order_line("late-1", f"{DAYS[3]}T05:00:00Z") + "\n")
+    check = "raw/orders:rows_match_landing_lines"
+    result = _run_checks(copy, [check])
+    verdicts = _evaluations(result)[check]
+    assert verdicts.partitions == DAYS and _failed(verdicts) == [DAYS[3]]
+    assert verdicts.of(DAYS[3]).metadata["expected"].value == 44
+    assert verdicts.of(DAYS[3]).metadata["actual"].value == 43
+    statuses = _partition_statuses(copy.instance, _check_key(check))
+    assert statuses == {d: "FAILED" if d == DAYS[3] else "SUCCEEDED" for d in DAYS}
 
 
 # -- automation -----------------------------------------------------------------------------

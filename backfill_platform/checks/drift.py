@@ -8,7 +8,6 @@ versions are compared (one aggregation per version, Delta time travel for the ol
 
 from dagster import (
     AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
@@ -18,8 +17,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.results import (
+    CheckEvents,
     CheckOutcome,
     PartitionResult,
+    record,
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
@@ -99,9 +100,7 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
         f"rewrote: rows, sums of {', '.join(measures)}, distinct {key_column}, NULL rate per "
         "column (WARN above BACKFILL_DRIFT_THRESHOLD).",
     )
-    def _drift(
-        context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-    ) -> AssetCheckResult:
+    def _drift(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> CheckEvents:
         run = run_partitions(context)
         threshold = float(setting(DRIFT_THRESHOLD))
         version = run_commit_version(lakehouse, key, context.op_execution_context.run_id, run)
@@ -145,7 +144,7 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
                     detail or f"largest change {worst} {changes[worst]:.1%}",
                 )
             )
-        return CheckOutcome(
+        outcome = CheckOutcome(
             CHECK_NAME,
             key,
             results,
@@ -156,7 +155,8 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
                 "rewritten_partitions": sum(1 for p in run.partition_keys() if p in old_profile),
                 "largest_change": float(worst_change),
             },
-        ).to_result()
+        )
+        yield from record(context, outcome)
 
     return _drift
 

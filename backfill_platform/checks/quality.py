@@ -6,13 +6,11 @@ required values are ERROR and blocking (a duplicate order doubles revenue downst
 volume and NULL-rate comparisons with the trailing window are WARN (real days do vary).
 """
 
-from collections.abc import Iterator
 from datetime import timedelta
 from statistics import mean, median
 
 from dagster import (
     AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     TimeWindow,
@@ -20,7 +18,13 @@ from dagster import (
 )
 from pyspark.sql import functions as F
 
-from backfill_platform.checks.results import CheckOutcome, PartitionResult, run_partitions
+from backfill_platform.checks.results import (
+    CheckEvents,
+    CheckOutcome,
+    PartitionResult,
+    record,
+    run_partitions,
+)
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import (
@@ -60,7 +64,7 @@ NULL_SPIKE = "null_rate_within_trailing_bounds"
 )
 def staging_orders_quality(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> Iterator[AssetCheckResult]:
+) -> CheckEvents:
     """order_id unique and required columns set per event day (ERROR, blocking); row count
     and per-column NULL rate within bounds of the trailing window's (WARN)."""
     run = run_partitions(context)
@@ -107,27 +111,28 @@ def staging_orders_quality(
         volume.append(_volume(key, rows, [h["rows"] for h in history], factor, min_history))
         spikes.append(_null_spike(key, rows, nulls, history, columns, spike, min_history))
 
-    yield CheckOutcome(
-        UNIQUE, STAGING_ORDERS, unique, what="order_id unique per event day"
-    ).to_result()
-    yield CheckOutcome(
-        NOT_NULL, STAGING_ORDERS, not_null, what=f"no NULL in {', '.join(REQUIRED_COLUMNS)}"
-    ).to_result()
-    yield CheckOutcome(
-        VOLUME,
-        STAGING_ORDERS,
-        volume,
-        severity=AssetCheckSeverity.WARN,
-        what=f"rows within x{factor:g} of the median of the {trailing_days} days before; "
-        "empty days flagged",
-    ).to_result()
-    yield CheckOutcome(
-        NULL_SPIKE,
-        STAGING_ORDERS,
-        spikes,
-        severity=AssetCheckSeverity.WARN,
-        what=f"NULL share per column at most {spike:g} above its trailing mean",
-    ).to_result()
+    yield from record(
+        context,
+        CheckOutcome(UNIQUE, STAGING_ORDERS, unique, what="order_id unique per event day"),
+        CheckOutcome(
+            NOT_NULL, STAGING_ORDERS, not_null, what=f"no NULL in {', '.join(REQUIRED_COLUMNS)}"
+        ),
+        CheckOutcome(
+            VOLUME,
+            STAGING_ORDERS,
+            volume,
+            severity=AssetCheckSeverity.WARN,
+            what=f"rows within x{factor:g} of the median of the {trailing_days} days before; "
+            "empty days flagged",
+        ),
+        CheckOutcome(
+            NULL_SPIKE,
+            STAGING_ORDERS,
+            spikes,
+            severity=AssetCheckSeverity.WARN,
+            what=f"NULL share per column at most {spike:g} above its trailing mean",
+        ),
+    )
 
 
 def _describe(counts: dict[str, int], unit: str) -> str:

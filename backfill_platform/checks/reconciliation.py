@@ -8,13 +8,15 @@ sensors hold the failing partitions (see automation/window_sensor.py).
 
 from datetime import timedelta
 
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetKey, asset_check
+from dagster import AssetCheckExecutionContext, AssetKey, asset_check
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.results import (
+    CheckEvents,
     CheckOutcome,
     PartitionResult,
     log_partition_metrics,
+    record,
     run_partitions,
 )
 from backfill_platform.partitions import daily_partitions
@@ -53,7 +55,7 @@ def _rate(part: int, whole: int) -> float:
 )
 def raw_rows_match_landing(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource, landing: LandingZoneResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """raw/orders rows of each ingest day == non-blank lines of that day's landing files.
 
     The landing side is counted in plain Python from the files (not by the Spark reader raw
@@ -61,7 +63,7 @@ def raw_rows_match_landing(
     """
     outcome, metrics = raw_vs_landing(lakehouse, landing, run_partitions(context))
     log_partition_metrics(context, RAW_ORDERS, metrics)
-    return outcome.to_result()
+    yield from record(context, outcome, metrics=metrics)
 
 
 def raw_vs_landing(
@@ -115,7 +117,7 @@ def raw_vs_landing(
 )
 def staging_accounts_for_raw(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Per event day D: raw rows carrying D == distinct orders + superseded versions + rejects.
 
     Left side: raw/orders rows that parse as valid orders with event_date D, from every ingest
@@ -129,7 +131,7 @@ def staging_accounts_for_raw(
     """
     outcome, metrics = staging_vs_raw(lakehouse, run_partitions(context))
     log_partition_metrics(context, STAGING_ORDERS, metrics)
-    return outcome.to_result()
+    yield from record(context, outcome, metrics=metrics)
 
 
 def staging_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
@@ -194,11 +196,11 @@ def staging_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
 )
 def rejects_match_raw(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency)."""
     outcome, metrics = rejects_vs_raw(lakehouse, run_partitions(context))
     log_partition_metrics(context, STAGING_REJECTS, metrics)
-    return outcome.to_result()
+    yield from record(context, outcome, metrics=metrics)
 
 
 def rejects_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
@@ -243,11 +245,11 @@ def rejects_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
 )
 def fct_matches_staging(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
     outcome, metrics = fct_vs_staging(lakehouse, run_partitions(context))
     log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
-    return outcome.to_result()
+    yield from record(context, outcome, metrics=metrics)
 
 
 def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
@@ -338,14 +340,14 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
 )
 def ltv_rolls_forward(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Per snapshot day D and customer: ltv(D) == ltv(D-1) + D's paid orders and USD revenue.
 
     D-1 is read from the table (the snapshot before the run's range included), D's paid
     orders from staging at point-in-time FX; first_order_date must carry over or be D.
     """
     outcome, _ = ltv_vs_previous_day(lakehouse, run_partitions(context))
-    return outcome.to_result()
+    yield from record(context, outcome)
 
 
 def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> Equation:

@@ -1,38 +1,45 @@
-"""What every check shares: the run's partitions and a per-partition result table.
+"""What every check shares: the run's partitions and one evaluation per partition.
 
-Dagster records a check on a partitioned asset once per run, so a ranged run covering 31
-days gets one evaluation. Every check here therefore evaluates each partition the run
-covered itself (one Spark aggregation over the run's range) and returns the verdict per
-partition as a table in the evaluation's metadata, with the covered and failing partition
-keys as JSON lists the automation reads (`failed_partitions_by_check`).
+Every check computes its verdict per partition itself (one Spark aggregation over the run's
+range, never one job per day). `record` then logs ONE `AssetCheckEvaluation` per partition
+(`partition=<day>`, that day's numbers as metadata), in a single-day run and in a ranged
+run alike: Dagster 1.13 turns an `AssetCheckResult` of a ranged run into a single
+`partition=None` evaluation and leaves the per-partition rows PLANNED, so the asset's
+Checks tab could not say which day failed. A blocking check that failed on some days fails
+its step naming those days (Dagster cannot skip part of a ranged step; see docs/checks.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
-    AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
     AssetObservation,
+    AssetRecordsFilter,
     DagsterInstance,
     Failure,
-    MetadataValue,
-    TableColumn,
-    TableRecord,
-    TableSchema,
+    Output,
+    deserialize_value,
 )
 
 from backfill_platform.ranges import DayRange
 
+# Metadata of evaluations recorded before per-partition evaluations: the partitions one
+# evaluation covered and those that failed. Still read, so older history keeps counting.
 PARTITIONS = "partitions"
 FAILED_PARTITIONS = "failed_partitions"
-MAX_LISTED = 5  # failing partitions spelled out in the verdict text
+MAX_LISTED = 5  # failing partitions spelled out in a blocking failure
+
+# What a check op yields: its evaluations, one per partition, and its output.
+CheckEvents = Iterator[AssetCheckEvaluation | Output]
 
 
 def run_partitions(context: AssetCheckExecutionContext) -> DayRange:
@@ -86,51 +93,133 @@ class CheckOutcome:
         more = f"; and {len(failed) - MAX_LISTED} more" if len(failed) > MAX_LISTED else ""
         return f"{self.what}: {len(failed)} of {checked} partition(s) FAIL: {listed}{more}."
 
-    def to_result(self) -> AssetCheckResult:
-        return AssetCheckResult(
-            asset_key=self.asset_key,
-            check_name=self.check_name,
-            passed=not self.failed,
-            severity=self.severity,
-            description=self.verdict(),
-            metadata={
-                "verdict": self.verdict(),
-                "partitions_checked": len(self.results),
-                "partitions_failed": len(self.failed),
-                PARTITIONS: MetadataValue.json([r.partition for r in self.results]),
-                FAILED_PARTITIONS: MetadataValue.json([r.partition for r in self.failed]),
-                "results": result_table(self.results),
-                **self.extra_metadata,
-            },
+    def describe(self, result: PartitionResult) -> str:
+        """`<what>. FAIL 2024-03-04: expected 43, got 42 (detail)`: one day and its numbers."""
+        verdict = "pass" if result.passed else "FAIL"
+        text = f"{result.partition}: expected {result.expected}, got {result.actual}"
+        return f"{self.what}. {verdict} {text}" + (f" ({result.detail})" if result.detail else "")
+
+    def evaluations(
+        self,
+        blocking: bool,
+        metrics: Mapping[str, Mapping[str, float | int]] | None = None,
+        targets: Mapping[str, Any] | None = None,
+    ) -> list[AssetCheckEvaluation]:
+        """One evaluation per partition, carrying that partition's numbers as metadata and
+        pointing at the partition's materialization it verified (`targets`)."""
+        metrics, targets = metrics or {}, targets or {}
+        return [
+            AssetCheckEvaluation(
+                asset_key=self.asset_key,
+                check_name=self.check_name,
+                passed=r.passed,
+                severity=self.severity,
+                description=self.describe(r),
+                blocking=blocking,
+                partition=r.partition,
+                target_materialization_data=targets.get(r.partition),
+                metadata={
+                    "expected": _value(r.expected),
+                    "actual": _value(r.actual),
+                    **({"detail": r.detail} if r.detail else {}),
+                    **dict(metrics.get(r.partition, {})),
+                    **self.extra_metadata,
+                },
+            )
+            for r in self.results
+        ]
+
+
+def _value(value: Any) -> Any:
+    """Numbers stay numbers (the UI plots them per partition); anything else becomes text."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
+class BlockingCheckFailed(Failure):
+    """A blocking check failed for some of the run's partitions; names them."""
+
+
+def record(
+    context: AssetCheckExecutionContext,
+    *outcomes: CheckOutcome,
+    metrics: Mapping[str, Mapping[str, float | int]] | None = None,
+) -> CheckEvents:
+    """Yield each outcome as one evaluation per partition, then the check's output.
+
+    A blocking ERROR outcome with failed partitions raises `BlockingCheckFailed` after every
+    evaluation is logged: the step fails naming the failed days, and Dagster does not
+    execute the assets downstream of it in this run (for any day of the range: a ranged
+    step cannot be split).
+    """
+    specs = {spec.key: spec for spec in context.check_specs}
+    outputs = context.op_execution_context.op_def.output_defs
+    instance = context.op_execution_context.instance
+    targets: dict[AssetKey, dict[str, Any]] = {}
+    blocked: list[str] = []
+    for outcome in outcomes:
+        spec = specs[AssetCheckKey(outcome.asset_key, outcome.check_name)]
+        if outcome.asset_key not in targets:
+            partitions = [r.partition for r in outcome.results]
+            targets[outcome.asset_key] = latest_materializations(
+                instance, outcome.asset_key, partitions
+            )
+        yield from outcome.evaluations(spec.blocking, metrics, targets[outcome.asset_key])
+        if spec.blocking and outcome.severity == AssetCheckSeverity.ERROR and outcome.failed:
+            days = [r.partition for r in outcome.failed]
+            listed = "; ".join(outcome.describe(r) for r in outcome.failed[:MAX_LISTED])
+            more = f" and {len(days) - MAX_LISTED} more" if len(days) > MAX_LISTED else ""
+            blocked.append(
+                f"{spec.key.to_user_string()} failed for {len(days)} of "
+                f"{len(outcome.results)} partition(s): {', '.join(days)}. {listed}{more}"
+            )
+            continue
+        name = outputs[0].name if len(outputs) == 1 else spec.get_python_identifier()
+        yield Output(None, output_name=name)
+    if blocked:
+        raise BlockingCheckFailed(
+            "Blocking check failed; the assets downstream of this run were not executed "
+            "(a ranged step cannot skip single days: fix the data and re-run the range). "
+            + " | ".join(blocked)
         )
 
 
-_SCHEMA = TableSchema(
-    columns=[
-        TableColumn("partition", "string"),
-        TableColumn("expected", "string"),
-        TableColumn("actual", "string"),
-        TableColumn("passed", "bool"),
-        TableColumn("detail", "string"),
-    ]
-)
+def latest_materializations(
+    instance: DagsterInstance, key: AssetKey, partitions: Sequence[str]
+) -> dict[str, Any]:
+    """Partition -> pointer to its latest materialization, as an evaluation's target.
+
+    Dagster shows a partition's check status only while the evaluation targets the
+    partition's latest materialization (otherwise a newer materialization "clears" it), and
+    fills the target itself only for a single-partition `AssetCheckResult`. The pointer
+    type is not exported, so it is built from its serialized form, the one the event log
+    stores and Dagster must keep reading (`deserialize_value`, public).
+    """
+    found: dict[str, Any] = {}
+
+    def fetch(keys: Sequence[str], limit: int) -> None:
+        page = AssetRecordsFilter(asset_key=key, asset_partitions=list(keys))
+        for rec in instance.fetch_materializations(page, limit=limit).records:
+            if rec.partition_key and rec.partition_key not in found:
+                found[rec.partition_key] = _target(rec.storage_id, rec.run_id, rec.timestamp)
+
+    # One query for the range (a ranged run wrote each partition once), then one per
+    # partition that page did not reach (re-materialized since, or never materialized).
+    fetch(partitions, 2 * len(partitions))
+    for partition in [p for p in partitions if p not in found]:
+        fetch([partition], 1)
+    return found
 
 
-def result_table(results: Sequence[PartitionResult]) -> MetadataValue:
-    return MetadataValue.table(
-        records=[
-            TableRecord(
-                {
-                    "partition": r.partition,
-                    "expected": str(r.expected),
-                    "actual": str(r.actual),
-                    "passed": r.passed,
-                    "detail": r.detail,
-                }
-            )
-            for r in results
-        ],
-        schema=_SCHEMA,
+def _target(storage_id: int, run_id: str, timestamp: float) -> Any:
+    return deserialize_value(
+        json.dumps(
+            {
+                "__class__": "AssetCheckEvaluationTargetMaterializationData",
+                "storage_id": storage_id,
+                "run_id": run_id,
+                "timestamp": timestamp,
+            }
+        )
     )
 
 
@@ -152,12 +241,12 @@ def log_partition_metrics(
 
 
 def failed_partitions_by_check(
-    instance: DagsterInstance, check_keys: Iterable[AssetCheckKey], history: int = 200
+    instance: DagsterInstance, check_keys: Iterable[AssetCheckKey], history: int = 1000
 ) -> dict[str, list[str]]:
     """Partition -> names of the given checks whose LATEST evaluation of it failed.
 
-    Each evaluation lists the partitions it covered, so walking a check's evaluations newest
-    first gives every partition's latest verdict, whichever run (single or ranged) made it.
+    Walking a check's evaluations newest first gives every partition's latest verdict: an
+    evaluation is for its `partition`, or (older ones) for the partitions its metadata lists.
     """
     failing: dict[str, list[str]] = {}
     for key in check_keys:
@@ -168,8 +257,12 @@ def failed_partitions_by_check(
             evaluation = record.event.asset_check_evaluation if record.event else None
             if evaluation is None:
                 continue
-            covered = _json_list(evaluation.metadata.get(PARTITIONS))
-            failed = set(_json_list(evaluation.metadata.get(FAILED_PARTITIONS)))
+            if evaluation.partition is not None:
+                covered = [evaluation.partition]
+                failed = set() if evaluation.passed else {evaluation.partition}
+            else:
+                covered = _json_list(evaluation.metadata.get(PARTITIONS))
+                failed = set(_json_list(evaluation.metadata.get(FAILED_PARTITIONS)))
             for partition in covered:
                 if partition in seen:
                     continue

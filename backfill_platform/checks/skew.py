@@ -10,7 +10,6 @@ customer_ltv avoids paying for it is in docs/checks.md.
 
 from dagster import (
     AssetCheckExecutionContext,
-    AssetCheckResult,
     AssetCheckSeverity,
     MetadataValue,
     asset_check,
@@ -18,7 +17,13 @@ from dagster import (
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from backfill_platform.checks.results import CheckOutcome, PartitionResult, run_partitions
+from backfill_platform.checks.results import (
+    CheckEvents,
+    CheckOutcome,
+    PartitionResult,
+    record,
+    run_partitions,
+)
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import (
@@ -90,7 +95,7 @@ def key_skew(rows: DataFrame, key: str, group: str, workers: int) -> dict[str, d
 @asset_check(asset=STAGING_ORDERS, name="customer_id_skew", partitions_def=daily_partitions)
 def customer_id_skew(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Top key share, NULL share, max/median rows per key and hash imbalance on customer_id
     per event day and for the whole run (WARN above BACKFILL_SKEW_* thresholds)."""
     run = run_partitions(context)
@@ -106,7 +111,7 @@ def customer_id_skew(
     whole = key_skew(staged.withColumn(RUN, F.lit(RUN)), KEY, RUN, workers).get(RUN)
     results = [_verdict(key, per_day.get(key), limits) for key in run.partition_keys()]
     expected = ", ".join(f"{k} <= {v:g}" for k, v in limits.items())
-    return CheckOutcome(
+    outcome = CheckOutcome(
         "customer_id_skew",
         STAGING_ORDERS,
         results,
@@ -122,7 +127,8 @@ def customer_id_skew(
             ),
             "hash_buckets": workers,
         },
-    ).to_result()
+    )
+    yield from record(context, outcome)
 
 
 def _verdict(partition: str, stats: dict | None, limits: dict[str, float]) -> PartitionResult:
