@@ -26,6 +26,10 @@ class Table:
     code_version: str
     # Numeric columns whose sums drift and validation compare; empty: not drift-checked.
     measures: tuple[str, ...] = ()
+    # False: the Delta partition column is not the Dagster partition day (the CRM tables:
+    # fetch day, or unpartitioned); sizes per partition do not apply, commits still stamp
+    # the event days a run covered (partition_start/partition_end).
+    day_partitioned: bool = True
 
     @property
     def name(self) -> str:
@@ -74,9 +78,21 @@ TABLES: tuple[Table, ...] = (
         ("lifetime_paid_orders", "lifetime_revenue_usd"),
     ),
     # Appended, never replaced: partitioned by the UTC day of the fetch.
-    Table(RAW_CRM_HISTORY, "fetched_date", ("customer_id", "fetched_at"), "raw-crm-history-1"),
+    Table(
+        RAW_CRM_HISTORY,
+        "fetched_date",
+        ("customer_id", "fetched_at"),
+        "raw-crm-history-1",
+        day_partitioned=False,
+    ),
     # Rebuilt whole from the newest kept answers: an unpartitioned Delta table.
-    Table(STAGING_CUSTOMERS, "", ("customer_id", "valid_from"), "staging-customers-1"),
+    Table(
+        STAGING_CUSTOMERS,
+        "",
+        ("customer_id", "valid_from"),
+        "staging-customers-1",
+        day_partitioned=False,
+    ),
     Table(
         FCT_REVENUE_BY_SEGMENT,
         "event_date",

@@ -16,12 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from backfill_platform.definitions import all_assets
+from backfill_platform.lineage import Lineage
+from backfill_platform.operations.plan import build_plan
 from backfill_platform.reference import compute_contract_answer, revenue_by_segment
 from backfill_platform.resources.crm import CrmAuthError, CrmError, CrmResource
 from backfill_platform.sources.crm_data import generate_crm
 from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform.sources.crm_server import peak_per_second
 from backfill_platform.sources.generate import generate_landing
+from backfill_platform.tables import RAW_CRM_HISTORY
 from backfill_platform_tests.harness import order_line
 
 TOKEN = "crm-test-token-7f3a"
@@ -203,10 +207,28 @@ def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path):
     platform.write_rates(day1, {"EUR": "1.1"})
     data = write_crm(tmp_path / "crm", EDGE)
     log = tmp_path / "requests.jsonl"
+    lake, lineage = platform.resources["lakehouse"], Lineage(all_assets)
+
+    def plan():
+        return build_plan(
+            lake,
+            platform.resources["landing"],
+            None,
+            [RAW_CRM_HISTORY],
+            day1,
+            day2,
+            lineage=lineage,
+        )
+
     with start_crm_server(data, token=TOKEN, rate=20, log=log) as crm:
         _with_crm(platform, tmp_path, crm.url)
+        platform.materialize(day1, day2, selection=["raw/orders", "raw/fx_rates"])
+        before = plan()  # counted from raw: nothing kept yet
+        assert before.crm_calls == 5 and before.crm_min_seconds == 5 / 15
+        assert "CRM: 5 calls" in before.markdown()
         assert all(r.success for r in platform.backfill(day1, day2, per_run=2))
         first = platform.snapshot()
+        assert plan().crm_calls == 0
         calls = len(crm.requests())
         assert all(r.success for r in platform.backfill(day1, day2, per_run=1))
         again = platform.snapshot()

@@ -60,6 +60,19 @@ def kept_history(lakehouse: LakehouseResource) -> DataFrame | None:
     return lakehouse.read(RAW_CRM_HISTORY) if lakehouse.exists(RAW_CRM_HISTORY) else None
 
 
+def covered_days(context: AssetExecutionContext, run_id: str, key) -> dict[str, str]:
+    """Commit metadata: the event days the run covered, so built_partitions and the plan
+    see these tables' partitions like any other table's."""
+    start, end = run_dates(context)
+    return {
+        "dagster_run_id": run_id,
+        "asset_key": key.to_user_string(),
+        "code_version": table(key).code_version,
+        "partition_start": start.isoformat(),
+        "partition_end": end.isoformat(),
+    }
+
+
 def orders_of(lakehouse: LakehouseResource, context: AssetExecutionContext) -> DataFrame:
     if not lakehouse.exists(STAGING_ORDERS):
         raise Failure("staging/orders has not been built; materialize it for this range first.")
@@ -90,27 +103,18 @@ def crm_customer_history(
         answers, stats = crm.fetch(needed, kind=kind, run_id=context.run_id)
     except CrmError as error:
         raise Failure(str(error)) from None
-    if answers:
-        rows = [
-            (
-                a.customer_id,
-                a.fetched_at,
-                a.fetched_at.astimezone(UTC).date(),
-                a.status,
-                a.body,
-                context.run_id,
-            )
-            for a in answers
-        ]
-        df = lakehouse.session.createDataFrame(rows, RAW_HISTORY_SCHEMA).withColumn(
-            "_loaded_at", F.current_timestamp()
-        )
-        lakehouse.append(
-            RAW_CRM_HISTORY,
-            df,
-            "fetched_date",
-            {"dagster_run_id": context.run_id, "asset_key": RAW_CRM_HISTORY.to_user_string()},
-        )
+    rows = [
+        (a.customer_id, a.fetched_at, a.fetched_at.astimezone(UTC).date(), a.status, a.body, run)
+        for a in answers
+        for run in [context.run_id]
+    ]
+    df = lakehouse.session.createDataFrame(rows, RAW_HISTORY_SCHEMA).withColumn(
+        "_loaded_at", F.current_timestamp()
+    )
+    # Appended even when empty: the commit records the event days this run covered.
+    lakehouse.append(
+        RAW_CRM_HISTORY, df, "fetched_date", covered_days(context, context.run_id, RAW_CRM_HISTORY)
+    )
     if stats.throttled_429:
         context.log.warning(f"the CRM answered 429 {stats.throttled_429} times to this run")
     return MaterializeResult(metadata={"crm_kind": kind, **stats.metadata()})
@@ -141,7 +145,7 @@ def staging_customers(
         version = lakehouse.overwrite(
             STAGING_CUSTOMERS,
             versions,
-            {"dagster_run_id": context.run_id, "asset_key": STAGING_CUSTOMERS.to_user_string()},
+            covered_days(context, context.run_id, STAGING_CUSTOMERS),
         )
     written = lakehouse.read(STAGING_CUSTOMERS, version)
     return MaterializeResult(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +86,55 @@ def start_crm_server(
         process.wait(timeout=10)
         raise RuntimeError(f"the demo CRM did not start: {first}{process.stderr.read()}".strip())
     return CrmProcess(process, f"http://{host}:{port}", log)
+
+
+DEMO_TOKEN = "demo-crm-token"
+DEMO_PORT = 8765
+
+
+@contextmanager
+def demo_crm(data_dir: Path, log: Path | None = None) -> Iterator[CrmProcess | None]:
+    """The demo CRM for `make demo` / `make ui`, unless BACKFILL_CRM_URL points elsewhere:
+    then nothing is started. Sets BACKFILL_CRM_URL and BACKFILL_CRM_TOKEN for this process
+    and its children while it runs."""
+    if os.environ.get("BACKFILL_CRM_URL"):
+        yield None
+        return
+    token = os.environ.get("BACKFILL_CRM_TOKEN") or DEMO_TOKEN
+    rate = int(os.environ.get("BACKFILL_CRM_RATE_LIMIT") or 20)
+    with start_crm_server(data_dir, token=token, rate=rate, port=DEMO_PORT, log=log) as server:
+        saved = {k: os.environ.get(k) for k in ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN")}
+        os.environ.update({"BACKFILL_CRM_URL": server.url, "BACKFILL_CRM_TOKEN": token})
+        try:
+            yield server
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`crm_process --data DIR -- COMMAND...`: run COMMAND with the demo CRM around it."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    if not (args.data / "customers.json").is_file() and not os.environ.get("BACKFILL_CRM_URL"):
+        print(f"{args.data}/customers.json is missing: run `make demo` first", file=sys.stderr)
+        return 1
+    with demo_crm(args.data) as server:
+        if server is not None:
+            print(f"demo CRM at {server.url} (stopped when the command ends)")
+        try:
+            return subprocess.call(command)
+        except KeyboardInterrupt:
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
