@@ -15,12 +15,16 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from dagster import AssetSelection
+from pyspark.sql import functions as F
 
+from backfill_platform.checks import all_checks
 from backfill_platform.definitions import all_assets
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.reference import compute_contract_answer, revenue_by_segment
 from backfill_platform.resources.crm import CrmAuthError, CrmError, CrmResource
+from backfill_platform.runner import materialize_range
 from backfill_platform.sources.crm_data import generate_crm
 from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform.sources.crm_server import peak_per_second
@@ -277,3 +281,72 @@ def test_the_segment_mart_equals_the_contracts_answer(platform, tmp_path):
         assert crm.metrics()["admitted"] == metrics["admitted"]
     assert _by_key(rows) == revenue_by_segment(answer, histories)
     assert {r["segment"] for r in rows} >= {"guest", "unknown"}
+
+
+@pytest.mark.slow
+def test_crm_checks_pass_then_catch_broken_versions_and_totals(platform, tmp_path):
+    day1, day2 = "2024-01-01", "2024-01-02"
+    platform.write_orders(
+        day1,
+        [
+            order_line("o1", "2024-01-01T12:00:00+02:00", customer_id="edge", amount="10.00"),
+            order_line("o2", "2024-01-02T09:00:00Z", customer_id="newbie", amount="20.00"),
+            order_line("o3", "2024-01-02T10:00:00Z", customer_id=None, amount="30.00"),
+        ],
+    )
+    platform.write_rates(day1, {"EUR": "1.1"})
+    everything = [*all_assets, *all_checks]
+    with start_crm_server(write_crm(tmp_path / "crm", EDGE), token=TOKEN, rate=20) as crm:
+        _with_crm(platform, tmp_path, crm.url)
+        built = materialize_range(everything, day1, day2, platform.resources, platform.instance)
+    ours = {
+        "staging/customers:scd2_valid",
+        "marts/fct_revenue_by_segment:segments_match_daily_revenue",
+    }
+    evaluations = {
+        f"{e.asset_key.to_user_string()}:{e.check_name}": e
+        for e in built.get_asset_check_evaluations()
+    }
+    assert ours <= set(evaluations) and all(evaluations[c].passed for c in ours)
+
+    lake = platform.resources["lakehouse"]
+    # A second open version for `edge`, and one segment row of day 1 counting an order more.
+    versions = lake.read("staging/customers")
+    extra = (
+        versions.where("customer_id = 'edge'")
+        .limit(1)
+        .withColumn("valid_from", F.to_timestamp(F.lit("2024-06-01 00:00:00")))
+    )
+    lake.overwrite("staging/customers", versions.unionByName(extra), {})
+    start = date(2024, 1, 1)
+    mart = lake.read_range("marts/fct_revenue_by_segment", "event_date", start, date(2024, 1, 2))
+    lake.replace_range(
+        "marts/fct_revenue_by_segment",
+        mart.withColumn("orders", F.col("orders") + 1),
+        "event_date",
+        start,
+        date(2024, 1, 2),
+        {},
+    )
+    checks = [
+        c
+        for c in all_checks
+        if {k.name for k in c.check_keys} & {"scd2_valid", "segments_match_daily_revenue"}
+    ]
+    rerun = materialize_range(
+        everything,
+        day1,
+        day2,
+        platform.resources,
+        platform.instance,
+        selection=AssetSelection.checks(*checks),
+        raise_on_error=False,
+    )
+    found = {
+        f"{e.asset_key.to_user_string()}:{e.check_name}": e
+        for e in rerun.get_asset_check_evaluations()
+    }
+    scd2 = found["staging/customers:scd2_valid"]
+    assert not scd2.passed and "not exactly one open version: 'edge'" in scd2.description
+    totals = found["marts/fct_revenue_by_segment:segments_match_daily_revenue"]
+    assert not totals.passed and totals.description.startswith("2024-01-01: segments (3, ")
