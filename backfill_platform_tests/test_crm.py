@@ -18,18 +18,25 @@ import pytest
 from dagster import AssetSelection
 from pyspark.sql import functions as F
 
+from backfill_platform.assets.crm import CRM_KIND_TAG, crm_kind
+from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS, RAW_KEYS
 from backfill_platform.checks import all_checks
 from backfill_platform.definitions import all_assets
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.reference import compute_contract_answer, revenue_by_segment
-from backfill_platform.resources.crm import CrmAuthError, CrmError, CrmResource
+from backfill_platform.resources.crm import (
+    CrmAuthError,
+    CrmError,
+    CrmResource,
+    backfill_share,
+)
 from backfill_platform.runner import materialize_range
 from backfill_platform.sources.crm_data import generate_crm
 from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform.sources.crm_server import peak_per_second
 from backfill_platform.sources.generate import generate_landing
-from backfill_platform.tables import RAW_CRM_HISTORY
+from backfill_platform.tables import FCT_REVENUE_BY_SEGMENT, RAW_CRM_HISTORY, STAGING_CUSTOMERS
 from backfill_platform_tests.harness import order_line
 
 TOKEN = "crm-test-token-7f3a"
@@ -159,6 +166,18 @@ def test_two_backfills_and_a_live_caller_share_the_limit(tmp_path):
     share = len(during) / (len(during) + len(live))
     print(f"backfill share while live called: {share:.2f}; peak/s {peak_per_second(everyone)}")
     assert share <= 0.7 + 0.1
+
+
+def test_live_runs_call_from_the_whole_limit_and_live_jobs_build_the_crm_tables():
+    assert crm_kind({}) == "backfill"
+    assert crm_kind({"dagster/backfill": "abc"}) == "backfill"
+    assert crm_kind({"dagster/schedule_name": "daily"}) == "live"
+    assert crm_kind({"dagster/sensor_name": "rolling_window_sensor"}) == "live"
+    assert crm_kind({CRM_KIND_TAG: "live"}) == "live"
+    crm_keys = {RAW_CRM_HISTORY, STAGING_CUSTOMERS, FCT_REVENUE_BY_SEGMENT}
+    assert crm_keys <= set(DOWNSTREAM_KEYS) and not crm_keys & set(RAW_KEYS)
+    assert backfill_share(20, 0.25) == 15 and backfill_share(10, 0.3) == 7
+    assert backfill_share(1, 0.25) == 1
 
 
 # -- the platform ------------------------------------------------------------------------
