@@ -331,10 +331,8 @@ def test_crm_checks_pass_then_catch_broken_versions_and_totals(platform, tmp_pat
     lake = platform.resources["lakehouse"]
     # A second open version for `edge`, and one segment row of day 1 counting an order more.
     versions = lake.read("staging/customers")
-    extra = (
-        versions.where("customer_id = 'edge'")
-        .limit(1)
-        .withColumn("valid_from", F.to_timestamp(F.lit("2024-06-01 00:00:00")))
+    extra = versions.where("customer_id = 'edge' AND valid_to IS NULL").withColumn(
+        "valid_from", F.to_timestamp(F.lit("2024-06-01 00:00:00"))
     )
     lake.overwrite("staging/customers", versions.unionByName(extra), {})
     start = date(2024, 1, 1)
@@ -366,6 +364,8 @@ def test_crm_checks_pass_then_catch_broken_versions_and_totals(platform, tmp_pat
         for e in rerun.get_asset_check_evaluations()
     }
     scd2 = found["staging/customers:scd2_valid"]
-    assert not scd2.passed and "not exactly one open version: 'edge'" in scd2.description
+    assert not scd2.passed
+    assert "gap or overlap: 'edge'" in scd2.description
+    assert "not exactly one open version: 'edge'" in scd2.description
     totals = found["marts/fct_revenue_by_segment:segments_match_daily_revenue"]
-    assert not totals.passed and totals.description.startswith("2024-01-01: segments (3, ")
+    assert not totals.passed and totals.description.startswith("2024-01-01: segments (2, 1, ")
