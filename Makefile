@@ -25,6 +25,11 @@ LANDING_DAYS = $(shell ls $(LANDING)/orders $(LANDING)/fx_rates 2>/dev/null | \
 DEMO_FIRST = $(or $(firstword $(LANDING_DAYS)),$(DEMO_START))
 DEMO_LAST = $(or $(lastword $(LANDING_DAYS)),$(DEMO_END))
 
+# The demo CRM (contract 1.3): `make demo` and `make ui` start it on 127.0.0.1:8765 with
+# this token unless BACKFILL_CRM_URL points at another CRM.
+export BACKFILL_CRM_TOKEN ?= demo-crm-token
+CRM_DATA = $(dir $(LANDING))crm
+
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
@@ -118,6 +123,7 @@ bench: install
 
 ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
 		$(VENV)/bin/dagster dev -w workspace.yaml
 
 lint: install

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dagster import Definitions, in_process_executor
 
 from backfill_platform.assets import all_assets
@@ -9,17 +11,25 @@ from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
 from backfill_platform.operations.launchpad import operations_jobs
 from backfill_platform.resources import (
+    CrmResource,
     DeltaIOManager,
     LakehouseResource,
     LandingZoneResource,
     SparkSessionResource,
 )
 from backfill_platform.settings import (
+    CRM_LIMITER,
+    CRM_LIVE_RESERVE,
+    CRM_MAX_ATTEMPTS,
+    CRM_RATE_LIMIT,
+    CRM_TOKEN,
+    CRM_URL,
     LAKEHOUSE_DIR,
     LANDING_DIR,
     SPARK_DRIVER_MEMORY,
     SPARK_MASTER,
     SPARK_SHUFFLE_PARTITIONS,
+    fraction_setting,
     int_setting,
     setting,
 )
@@ -36,13 +46,29 @@ def build_resources(
         shuffle_partitions=int_setting(SPARK_SHUFFLE_PARTITIONS),
         driver_memory=setting(SPARK_DRIVER_MEMORY),
     )
-    lakehouse = LakehouseResource(root_dir=lakehouse_dir or setting(LAKEHOUSE_DIR), spark=spark)
+    root = lakehouse_dir or setting(LAKEHOUSE_DIR)
+    lakehouse = LakehouseResource(root_dir=root, spark=spark)
     return {
+        "crm": build_crm(root),
         "spark": spark,
         "landing": LandingZoneResource(landing_dir=landing_dir or setting(LANDING_DIR)),
         "lakehouse": lakehouse,
         "io_manager": DeltaIOManager(lakehouse=lakehouse),
     }
+
+
+def build_crm(lakehouse_dir: str) -> CrmResource:
+    """The CRM client from settings; its limiter file defaults to one beside the lakehouse
+    root, so every process of one deployment shares it (docs/crm.md)."""
+    return CrmResource(
+        url=setting(CRM_URL),
+        token=CRM_TOKEN,
+        rate_limit=int_setting(CRM_RATE_LIMIT),
+        live_reserve=fraction_setting(CRM_LIVE_RESERVE),
+        max_attempts=int_setting(CRM_MAX_ATTEMPTS),
+        limiter_path=setting(CRM_LIMITER)
+        or str(Path(lakehouse_dir).resolve().parent / "crm_rate_limit.sqlite"),
+    )
 
 
 defs = Definitions(

@@ -31,6 +31,8 @@ from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import fingerprints, reconcile_marts, table_counts
 from backfill_platform.runner import InProcessExecutor, observing, run_range
 from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, SettingError, setting
+from backfill_platform.sources.crm_data import generate_crm
+from backfill_platform.sources.crm_process import demo_crm
 from backfill_platform.sources.generate import (
     Params,
     generate_landing,
@@ -132,21 +134,35 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     started = time.monotonic()
     _generate_or_reuse(args, landing)
 
-    resources = build_resources(str(landing), str(lakehouse))
+    crm_data = landing.parent / "crm"
+    if not (crm_data / "customers.json").is_file():
+        made = generate_crm(landing, crm_data, args.seed)
+        print(
+            f"CRM data {shown(crm_data)}: {made['known']:,} customers known, "
+            f"{made['unknown']} unknown to it"
+        )
     instance = DagsterInstance.get()
     lineage = Lineage(all_assets)
-    # The known currencies first: staging records the version it was built against, so the
-    # UI does not call every staging day stale at the live path's first observation.
-    observe_currencies(resources["landing"], instance)
-    with observing(RunProgress(terminal.out)):
-        report = run_range(
-            InProcessExecutor(all_assets, resources, instance),
-            lineage,
-            lineage.toposorted(),
-            days,
-            trigger="backfill",
-            per_run=args.per_run,
-        )
+    with demo_crm(crm_data, log=dagster_home() / "logs" / "crm_requests.jsonl") as crm:
+        resources = build_resources(str(landing), str(lakehouse))
+        # The known currencies first: staging records the version it was built against, so
+        # the UI does not call every staging day stale at the live path's first observation.
+        observe_currencies(resources["landing"], instance)
+        with observing(RunProgress(terminal.out)):
+            report = run_range(
+                InProcessExecutor(all_assets, resources, instance),
+                lineage,
+                lineage.toposorted(),
+                days,
+                trigger="backfill",
+                per_run=args.per_run,
+            )
+        if crm is not None:
+            m = crm.metrics()
+            print(
+                f"CRM ({crm.url}): {m['admitted']:,} calls, {m['rejected_429']} answered 429, "
+                f"peak {m['peak_per_second']}/s (limit {m['rate_limit']}/s)"
+            )
     if not report.success:
         failed = next(r for r in report.runs if not r.success)
         print(

@@ -401,3 +401,43 @@ def ltv_daily_totals(
         )
         for day, snapshot in iter_customer_ltv(answer, start, end)
     }
+
+
+def segment_at(versions: list[dict], at: datetime) -> tuple[str, str | None]:
+    """(segment, country) of the version in force at instant `at` (contract 1.3);
+    `unknown` when none is (the customer is unknown or its first version starts later)."""
+    in_force = None
+    for version in versions:
+        start = parse_timestamp(version["valid_from"])
+        if start <= at and (in_force is None or start > in_force[0]):
+            in_force = (start, version)
+    if in_force is None:
+        return "unknown", None
+    return in_force[1]["segment"], in_force[1]["country"]
+
+
+def revenue_by_segment(
+    answer: ContractAnswer, histories: dict[str, list[dict]]
+) -> dict[tuple[date, str, str | None], tuple[int, int, Decimal]]:
+    """marts/fct_revenue_by_segment in plain Python: {(event_date, segment, country):
+    (orders, paid_orders, revenue_usd)} from staging's answer and the CRM's histories (a
+    customer absent from `histories` is one the CRM answers 404 for)."""
+    rows: dict[tuple[date, str, str | None], list] = {}
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for order in answer.staging.values():
+            rate = answer.rates.get((order.event_date, order.currency))
+            if rate is None:
+                continue
+            if order.customer_id is None:
+                segment, country = "guest", None
+            else:
+                segment, country = segment_at(
+                    histories.get(order.customer_id, []), order.event_time
+                )
+            row = rows.setdefault((order.event_date, segment, country), [0, 0, Decimal(0)])
+            row[0] += 1
+            if order.status == "paid":
+                row[1] += 1
+                row[2] += order.amount * rate
+    return {k: tuple(v) for k, v in rows.items()}

@@ -34,6 +34,14 @@ MAX_RANGE_DAYS = EnvVar("BACKFILL_MAX_RANGE_DAYS")
 LIVE_WINDOW_DAYS = EnvVar("BACKFILL_LIVE_WINDOW_DAYS")
 AUTO_REPAIR_STALE = EnvVar("BACKFILL_AUTO_REPAIR_STALE")
 STALENESS_AUDIT_SECONDS = EnvVar("BACKFILL_STALENESS_AUDIT_SECONDS")
+# The CRM (contract 1.3, docs/crm.md). The token is read by the resource as an EnvVar only.
+CRM_URL = EnvVar("BACKFILL_CRM_URL")
+CRM_TOKEN = EnvVar("BACKFILL_CRM_TOKEN")
+CRM_RATE_LIMIT = EnvVar("BACKFILL_CRM_RATE_LIMIT")
+CRM_LIVE_RESERVE = EnvVar("BACKFILL_CRM_LIVE_RESERVE")
+CRM_MAX_ATTEMPTS = EnvVar("BACKFILL_CRM_MAX_ATTEMPTS")
+# The SQLite file of the cross-process rate limiter; empty: beside the lakehouse root.
+CRM_LIMITER = EnvVar("BACKFILL_CRM_LIMITER")
 
 DEFAULTS: dict[str, str] = {
     "BACKFILL_LANDING_DIR": "./data/landing",
@@ -60,6 +68,11 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_LIVE_WINDOW_DAYS": "3",
     "BACKFILL_AUTO_REPAIR_STALE": "false",
     "BACKFILL_STALENESS_AUDIT_SECONDS": "1800",
+    "BACKFILL_CRM_URL": "http://127.0.0.1:8765",
+    "BACKFILL_CRM_RATE_LIMIT": "20",
+    "BACKFILL_CRM_LIVE_RESERVE": "0.25",
+    "BACKFILL_CRM_MAX_ATTEMPTS": "8",
+    "BACKFILL_CRM_LIMITER": "",
 }
 
 
@@ -93,3 +106,15 @@ def day_setting(var: EnvVar) -> date | None:
         return date.fromisoformat(text)
     except ValueError:
         raise SettingError(f"{var.env_var_name}={text!r}: not a day (YYYY-MM-DD)") from None
+
+
+def fraction_setting(var: EnvVar) -> float:
+    """A share in [0, 1), or `SettingError` naming it."""
+    text = setting(var)
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 <= value < 1.0:
+        raise SettingError(f"{var.env_var_name}={text!r}: not a number in [0, 1)")
+    return value

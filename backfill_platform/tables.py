@@ -26,6 +26,10 @@ class Table:
     code_version: str
     # Numeric columns whose sums drift and validation compare; empty: not drift-checked.
     measures: tuple[str, ...] = ()
+    # False: the Delta partition column is not the Dagster partition day (the CRM tables:
+    # fetch day, or unpartitioned); sizes per partition do not apply, commits still stamp
+    # the event days a run covered (partition_start/partition_end).
+    day_partitioned: bool = True
 
     @property
     def name(self) -> str:
@@ -49,6 +53,10 @@ STAGING_ORDERS = AssetKey(["staging", "orders"])
 STAGING_REJECTS = AssetKey(["staging", "orders_rejects"])
 FCT_DAILY_REVENUE = AssetKey(["marts", "fct_daily_revenue"])
 CUSTOMER_LTV = AssetKey(["marts", "customer_ltv"])
+# The CRM (contract 1.3): every answer kept, SCD2 versions, point-in-time revenue.
+RAW_CRM_HISTORY = AssetKey(["raw", "crm_customer_history"])
+STAGING_CUSTOMERS = AssetKey(["staging", "customers"])
+FCT_REVENUE_BY_SEGMENT = AssetKey(["marts", "fct_revenue_by_segment"])
 
 TABLES: tuple[Table, ...] = (
     Table(RAW_ORDERS, "ingest_date", ("file_name", "line_number"), "raw-orders-1"),
@@ -69,7 +77,32 @@ TABLES: tuple[Table, ...] = (
         "customer-ltv-1",
         ("lifetime_paid_orders", "lifetime_revenue_usd"),
     ),
+    # Appended, never replaced: partitioned by the UTC day of the fetch.
+    Table(
+        RAW_CRM_HISTORY,
+        "fetched_date",
+        ("customer_id", "fetched_at"),
+        "raw-crm-history-1",
+        day_partitioned=False,
+    ),
+    # Rebuilt whole from the newest kept answers: an unpartitioned Delta table.
+    Table(
+        STAGING_CUSTOMERS,
+        "",
+        ("customer_id", "valid_from"),
+        "staging-customers-1",
+        day_partitioned=False,
+    ),
+    Table(
+        FCT_REVENUE_BY_SEGMENT,
+        "event_date",
+        ("segment", "country"),
+        "fct-revenue-by-segment-1",
+        ("orders", "paid_orders", "revenue_usd"),
+    ),
 )
+# Raw tables fed by the CRM rather than the landing zone: they run after staging/orders.
+CRM_FED_RAW = (RAW_CRM_HISTORY,)
 TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
 LAYERS = ("raw", "staging", "marts")
 _BY_NAME = {t.name: t for t in TABLES}

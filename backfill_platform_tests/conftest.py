@@ -6,9 +6,34 @@ import os
 # Partitions are defined at import time from this setting; tests use 2024 dates.
 os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
 
+import json
+
 import pytest
 
+from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform_tests.harness import Platform, spark_resource_for_tests
+
+# Every backfill calls the CRM: the session's demo CRM knows no one (every customer 404)
+# and admits far more than tests need; CRM tests start their own servers.
+SESSION_CRM_TOKEN = "session-crm-token"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_crm(tmp_path_factory):
+    data = tmp_path_factory.mktemp("session_crm")
+    (data / "customers.json").write_text(json.dumps({"customers": {}}))
+    server = start_crm_server(data, token=SESSION_CRM_TOKEN, rate=1000)
+    saved = {k: os.environ.get(k) for k in ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN")}
+    os.environ.setdefault("BACKFILL_CRM_RATE_LIMIT", "1000")
+    os.environ["BACKFILL_CRM_URL"] = server.url
+    os.environ["BACKFILL_CRM_TOKEN"] = SESSION_CRM_TOKEN
+    yield server
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

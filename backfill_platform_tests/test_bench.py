@@ -38,8 +38,12 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert result["checks"]["rerun_rows_unchanged"] and result["checks"]["floor_equals_platform"]
     assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
     assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
+    crm = result["crm"]
+    assert crm["platform_calls"] == crm["distinct_customers_called"] > 0
+    assert crm["rerun_calls"] == 0 and crm["server_429s"] == 0
+    assert result["checks"]["crm_rerun_zero_calls"] and result["checks"]["crm_no_429"]
     assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
     out = capsys.readouterr().out
-    assert "| platform: full backfill" in out
+    assert "| platform: full backfill" in out and "CRM: the full backfill made" in out
     # a progress bar per backfill, named by its phase: partitions and runs done of total
     assert re.search(r"platform: 100%\|.*\| 18/18 partitions, 2/2 runs", out)

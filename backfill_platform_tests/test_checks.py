@@ -195,7 +195,7 @@ def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
     expected_checks = {
         f"{k.asset_key.to_user_string()}:{k.name}" for c in all_checks for k in c.check_keys
     }
-    assert set(evaluations) == expected_checks and len(expected_checks) == 13
+    assert set(evaluations) == expected_checks and len(expected_checks) == 16  # 3 CRM
     for name, verdicts in evaluations.items():
         # One evaluation per day of the ranged run, each for its own partition.
         assert verdicts.passed, (name, verdicts.description)

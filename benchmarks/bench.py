@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="0.5x1,1x0.25",
         help="extra full backfills as DAYSxORDERS factors of the main scale; '' for none",
     )
+    parser.add_argument(
+        "--crm-rate",
+        type=int,
+        default=500,
+        help="the demo CRM's rate limit (and the client's) during the benchmark; the time "
+        "at the default 20/s is computed from the calls",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--keep-work", action="store_true", help="keep generated data")
     return parser.parse_args(argv)
@@ -140,6 +147,7 @@ class Bench:
         with stopwatch(self.seconds, "generate"):
             summary = self._generate(self.landing, args.days + 1, args.orders_per_day)
 
+        self.crm_summary = self._start_crm()
         self.events.mkdir()
         with stopwatch(self.seconds, "session_start"):
             self.spark_resource = self._spark_resource()
@@ -147,9 +155,17 @@ class Bench:
             self.spark.range(10).count()
         self.spark_log_enabled = self.spark.conf.get("spark.eventLog.enabled", "false") == "true"
 
-        with MemorySampler() as sampler:
-            self.sampler = sampler
-            result = self._measure(summary)
+        try:
+            with MemorySampler() as sampler:
+                self.sampler = sampler
+                result = self._measure(summary)
+        finally:
+            self.crm.stop()
+            for key, value in self.crm_env.items():  # as before: the caller's settings
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         result["load_average"] = {"start": load_start, "end": load_average()}
         return result
 
@@ -160,6 +176,33 @@ class Bench:
         return generate_landing(
             landing, self.args.start, last, orders_per_day, self.args.seed, progress=False
         )
+
+    def _start_crm(self) -> dict:
+        """The demo CRM for the landing zone, on a free port: every backfill calls it."""
+        from backfill_platform.sources.crm_data import generate_crm
+        from backfill_platform.sources.crm_process import start_crm_server
+
+        made = generate_crm(self.landing, self.work / "crm", self.args.seed)
+        token = "bench-crm-token"
+        self.crm = start_crm_server(
+            self.work / "crm",
+            token=token,
+            rate=self.args.crm_rate,
+            log=self.work / "crm_requests.jsonl",
+        )
+        keys = ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN", "BACKFILL_CRM_RATE_LIMIT")
+        self.crm_env = {k: os.environ.get(k) for k in keys}
+        os.environ.update(
+            {
+                "BACKFILL_CRM_URL": self.crm.url,
+                "BACKFILL_CRM_TOKEN": token,
+                "BACKFILL_CRM_RATE_LIMIT": str(self.args.crm_rate),
+            }
+        )
+        return made
+
+    def _crm_calls(self) -> list[dict]:
+        return [e for e in self.crm.requests() if e["status"] != 429]
 
     def _spark_resource(self):
         from backfill_platform.resources import SparkSessionResource
@@ -238,16 +281,20 @@ class Bench:
         resources, instance, home, lakehouse = self._platform("main")
         lake = resources["lakehouse"]
         runs: dict[str, list] = {}
+        calls_before = len(self._crm_calls())
         with self._phase("platform"):
             runs["platform"] = backfill(
                 all_assets, first, last, resources, instance, per_run=self.per_run
             )
+        platform_calls = self._crm_calls()[calls_before:]
         before = fingerprints(lake)
         raw_rows = int(before["raw/orders"][0])
         with self._phase("rerun"):
             runs["rerun"] = backfill(
                 all_assets, first, last, resources, instance, per_run=self.per_run
             )
+        rerun_calls = len(self._crm_calls()) - calls_before - len(platform_calls)
+        crm = self._crm_report(platform_calls, rerun_calls, instance)
         rerun_same = fingerprints(lake) == before
 
         with self._phase("floor_2"):
@@ -332,9 +379,16 @@ class Bench:
             "rerun_rows_unchanged": rerun_same,
             "floor_equals_platform": floor_same,
             "active_files_per_partition_max": max(f["active_max"] for f in files.values()),
+            "crm_rerun_zero_calls": crm["rerun_calls"] == 0,
+            "crm_no_429": crm["server_429s"] == 0,
         }
         checks["all_ok"] = bool(
-            checks["all_runs_succeeded"] and rerun_same and floor_same and scaling["ok"]
+            checks["all_runs_succeeded"]
+            and rerun_same
+            and floor_same
+            and scaling["ok"]
+            and checks["crm_rerun_zero_calls"]
+            and checks["crm_no_429"]
         )
         measured = {
             **ratios,
@@ -380,7 +434,35 @@ class Bench:
             "spark_phases": phases,
             "platform_steps": steps,
             "scaling": scaling,
+            "crm": crm,
             "machine": machine_info(self.spark),
+        }
+
+    def _crm_report(self, calls: list[dict], rerun_calls: int, instance) -> dict[str, Any]:
+        """CRM calls of the full backfill vs its distinct customers, the re-run's calls, and
+        what the rate limit costs: measured limiter waits at --crm-rate, computed at 20/s."""
+        from backfill_platform.resources.crm import backfill_share
+        from backfill_platform.sources.crm_server import peak_per_second
+        from backfill_platform.tables import RAW_CRM_HISTORY
+
+        waits = [
+            float(m.value)
+            for record in instance.fetch_materializations(RAW_CRM_HISTORY, limit=10_000).records
+            for k, m in record.asset_materialization.metadata.items()
+            if k == "crm_rate_limit_wait_seconds"
+        ]
+        default_share = backfill_share(20, 0.25)
+        return {
+            "generated": self.crm_summary,
+            "platform_calls": len(calls),
+            "distinct_customers_called": len({e.get("customer_id") for e in calls}),
+            "rerun_calls": rerun_calls,
+            "server_429s": self.crm.metrics()["rejected_429"],
+            "rate_limit": self.args.crm_rate,
+            "backfill_share": backfill_share(self.args.crm_rate, 0.25),
+            "peak_per_second": peak_per_second([e["t"] for e in calls]),
+            "limiter_wait_seconds": round(sum(waits), 2),
+            "seconds_at_default_limit": round(len(calls) / default_share, 1),
         }
 
     def _cold_run(self, lakehouse: Path, home: Path, first: str, last: str, layer: str) -> bool:

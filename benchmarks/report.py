@@ -55,6 +55,20 @@ def markdown(r: dict[str, Any]) -> str:
             f"| rolling-window cycle: 1 new day + last {s['window_days']} days, new process "
             f"per run | {sec['rolling_window']:.1f} | | {mem_of('rolling_window')} | |"
         )
+    crm = r.get("crm")
+    crm_lines = (
+        [
+            f"CRM: the full backfill made {crm['platform_calls']:,} calls for "
+            f"{crm['distinct_customers_called']:,} distinct customers; the re-run made "
+            f"{crm['rerun_calls']} (target 0); the server answered 429 {crm['server_429s']} "
+            f"times; peak {crm['peak_per_second']}/s against a limit of {crm['rate_limit']}/s "
+            f"(backfill share {crm['backfill_share']}/s); the limiter held runs back "
+            f"{crm['limiter_wait_seconds']} s. At the default 20/s (backfill share 15/s) "
+            f"those calls take at least {crm['seconds_at_default_limit']:,} s.",
+        ]
+        if crm
+        else []
+    )
     lines += [
         f"| rolling-window cycle, warm shared session (mean) | "
         f"{sec['rolling_window_warm_session'] or 0:.1f} | | {mem_of('rolling_window_warm_1')} | |",
@@ -68,6 +82,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| floor and platform marts identical | yes | "
         f"{_yes(r['checks']['floor_equals_platform'])} | |",
         "",
+        *crm_lines,
+        *([""] if crm_lines else []),
         "Where the platform's time goes (full backfill, per Dagster step):",
         "",
         "| step | seconds | Spark busy s | Spark jobs |",

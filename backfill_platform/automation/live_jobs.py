@@ -8,6 +8,7 @@ from backfill_platform.automation.staleness import detect
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import (
+    CRM_FED_RAW,
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     STAGING_ORDERS,
@@ -22,8 +23,9 @@ AUDIT_MARKER = "staleness_audit"
 REACTS_TO_TAG = "backfill_platform/reacts_to"
 
 # From the registry, so a table added to a layer joins its live jobs.
-RAW_KEYS = tuple(t.key for t in tables_in(["raw"]))
-DOWNSTREAM_KEYS = tuple(t.key for t in tables_in(["staging", "marts"]))
+# The CRM's raw table reads staging/orders, so it runs with the downstream layers.
+RAW_KEYS = tuple(t.key for t in tables_in(["raw"]) if t.key not in CRM_FED_RAW)
+DOWNSTREAM_KEYS = (*CRM_FED_RAW, *(t.key for t in tables_in(["staging", "marts"])))
 
 # Every delivery also re-observes the known currencies (reference/fx_currencies): a list of
 # small CSVs in the same run, so a new currency marks staging stale without a run of its own.

@@ -14,13 +14,22 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from dagster import AssetKey, DagsterInstance
+from pyspark.sql import functions as F
 
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.operations.conflicts import conflicting_runs
 from backfill_platform.operations.inputs import missing_inputs
 from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
-from backfill_platform.tables import table
+from backfill_platform.resources.crm import backfill_share
+from backfill_platform.settings import (
+    CRM_LIVE_RESERVE,
+    CRM_RATE_LIMIT,
+    fraction_setting,
+    int_setting,
+)
+from backfill_platform.tables import RAW_CRM_HISTORY, RAW_ORDERS, STAGING_ORDERS, table
+from backfill_platform.transforms.customers import customers_to_fetch
 
 
 @dataclass
@@ -48,6 +57,11 @@ class Plan:
     assets: list[AssetPlan]
     conflicting_runs: list[dict]
     created_at: str
+    # CRM calls the range will make (None: the CRM is not in the plan, or no orders are
+    # built to count customers from) and the least time they take at the backfill share.
+    crm_calls: int | None = None
+    crm_backfill_rate: int | None = None
+    crm_min_seconds: float | None = None
 
     @property
     def missing_inputs(self) -> list[str]:
@@ -87,6 +101,13 @@ class Plan:
                 f"{a.files} | {a.bytes / 1e6:.2f} | {now or '-'} | {a.code_version_next} | "
                 f"{'YES' if a.mixed_code_versions else 'no'} |"
             )
+        if self.crm_calls is not None:
+            lines += [
+                "",
+                f"CRM: {self.crm_calls:,} calls (customers without a kept answer covering "
+                f"their orders), at least {self.crm_min_seconds:,.1f} s at the backfill share "
+                f"of {self.crm_backfill_rate}/s",
+            ]
         if self.blockers():
             lines += ["", "Blockers:", *(f"- {b}" for b in self.blockers()[:50])]
         return "\n".join(lines)
@@ -142,7 +163,7 @@ def build_plan(
             )
         )
     conflicts = conflicting_runs(instance, radius, exclude_run_id) if instance else []
-    return Plan(
+    plan = Plan(
         selection=[k.to_user_string() for k in selection],
         start=first,
         end=last,
@@ -150,11 +171,37 @@ def build_plan(
         conflicting_runs=conflicts,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    if RAW_CRM_HISTORY in radius:
+        crm_days = sorted(radius[RAW_CRM_HISTORY])
+        plan.crm_calls = crm_calls(lake, DayRange(crm_days[0], crm_days[-1]))
+        plan.crm_backfill_rate = backfill_share(
+            int_setting(CRM_RATE_LIMIT), fraction_setting(CRM_LIVE_RESERVE)
+        )
+        if plan.crm_calls is not None:
+            plan.crm_min_seconds = plan.crm_calls / plan.crm_backfill_rate
+    return plan
+
+
+def crm_calls(lake: LakehouseResource, days: DayRange) -> int | None:
+    """Customers of the days' orders whose kept CRM answer does not cover them: staging's
+    orders when built, else raw's valid lines (the same customers); None if neither is."""
+    if lake.exists(STAGING_ORDERS) and lake.covers(STAGING_ORDERS, days.start):
+        orders = lake.read_range(STAGING_ORDERS, "event_date", days.start, days.end)
+    elif lake.exists(RAW_ORDERS):
+        orders = lake.read(RAW_ORDERS).where(
+            (F.col("event_date") >= F.lit(days.start))
+            & (F.col("event_date") < F.lit(days.end))
+            & F.col("reject_reason").isNull()
+        )
+    else:
+        return None
+    kept = lake.read(RAW_CRM_HISTORY) if lake.exists(RAW_CRM_HISTORY) else None
+    return customers_to_fetch(orders, kept).count()
 
 
 def _size(lake: LakehouseResource, key: AssetKey, keys: list[str]) -> tuple[int, int, int]:
     """Rows, files and bytes the partitions hold now, in one pass over Delta's file list."""
-    if not keys:
+    if not keys or not table(key).day_partitioned:
         return 0, 0, 0
     files = lake.partition_files(key, keys).values()
     return sum(f.rows for f in files), sum(f.files for f in files), sum(f.bytes for f in files)

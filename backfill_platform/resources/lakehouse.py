@@ -249,6 +249,41 @@ class LakehouseResource(ConfigurableResource):
                 ) from error
             return self._find_commit(key, token)
 
+    def append(
+        self,
+        key: AssetKey | str,
+        df: DataFrame,
+        partition_column: str | None,
+        user_metadata: Mapping[str, Any],
+    ) -> int | None:
+        """Add rows in one commit, replacing nothing (raw/crm_customer_history keeps every
+        answer: concurrent runs never lose each other's). Returns the new version."""
+        return self._write(key, df, "append", partition_column, user_metadata)
+
+    def overwrite(
+        self, key: AssetKey | str, df: DataFrame, user_metadata: Mapping[str, Any]
+    ) -> int | None:
+        """Replace a whole unpartitioned table in one commit (staging/customers, rebuilt
+        from every kept CRM answer). Returns the new version."""
+        return self._write(key, df, "overwrite", None, user_metadata)
+
+    def _write(self, key, df, mode, partition_column, user_metadata) -> int | None:
+        name = _name(key)
+        metadata = {**user_metadata, "table": name, "write_mode": mode}
+        with self.table_lock(key):
+            exists = self.exists(key)
+            writer = (
+                df.write.format("delta")
+                .mode(mode)
+                .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
+            )
+            if exists and self._check_schema(name, df):
+                writer = writer.option("mergeSchema", "true")
+            if not exists and partition_column:
+                writer = writer.partitionBy(partition_column)
+            writer.save(self.table_path(key))
+            return self.current_version(key)
+
     def vacuum(self, key: AssetKey | str, retention_hours: float) -> int | None:
         """VACUUM under the table lock, with the caller's retention window in place of
         Delta's fixed 7-day check (callers enforce their own floor: the shadow retention).

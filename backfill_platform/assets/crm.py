@@ -1,0 +1,197 @@
+"""The CRM's tables (contract 1.3, 2): every answer kept, SCD2 versions, revenue by segment.
+
+`raw/crm_customer_history` for event days R calls the CRM only for customers with orders
+in R whose newest kept answer was fetched before one of those orders' event_time (an
+answer fetched at F is final up to F), and appends the answers: a re-run calls nothing
+and replaces nothing. `staging/customers` is rebuilt whole from the newest answers under
+its table lock. `marts/fct_revenue_by_segment` attributes each order to the version in
+force at its event_time. All three are daily-partitioned on event days so they run in
+the same chunked backfills and live jobs as the other marts.
+"""
+
+from datetime import UTC
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetIn,
+    Failure,
+    MaterializeResult,
+    asset,
+)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_platform.assets.common import chunked_backfill_policy, run_dates
+from backfill_platform.assets.marts import _FX_REACH, _orders_in_usd
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import CrmResource, LakehouseResource, SparkSessionResource
+from backfill_platform.resources.crm import CrmError
+from backfill_platform.resources.crm_limiter import BACKFILL, LIVE
+from backfill_platform.tables import (
+    FCT_REVENUE_BY_SEGMENT,
+    RAW_CRM_HISTORY,
+    RAW_FX_RATES,
+    STAGING_CUSTOMERS,
+    STAGING_ORDERS,
+    table,
+)
+from backfill_platform.transforms.customers import (
+    RAW_HISTORY_SCHEMA,
+    customers_to_fetch,
+    revenue_by_segment,
+    scd2_versions,
+    uncovered_customers,
+)
+
+# A run that sets this tag to `live` calls from the live share; schedule and sensor runs
+# are live anyway; every other run (backfills, the runner, the UI) is a backfill.
+CRM_KIND_TAG = "backfill_platform/crm_kind"
+_LIVE_TAGS = ("dagster/schedule_name", "dagster/sensor_name")
+
+
+def crm_kind(tags: dict[str, str]) -> str:
+    if tags.get(CRM_KIND_TAG) == LIVE or any(t in tags for t in _LIVE_TAGS):
+        return LIVE
+    return BACKFILL
+
+
+def kept_history(lakehouse: LakehouseResource) -> DataFrame | None:
+    return lakehouse.read(RAW_CRM_HISTORY) if lakehouse.exists(RAW_CRM_HISTORY) else None
+
+
+def covered_days(context: AssetExecutionContext, run_id: str, key) -> dict[str, str]:
+    """Commit metadata: the event days the run covered, so built_partitions and the plan
+    see these tables' partitions like any other table's."""
+    start, end = run_dates(context)
+    return {
+        "dagster_run_id": run_id,
+        "asset_key": key.to_user_string(),
+        "code_version": table(key).code_version,
+        "partition_start": start.isoformat(),
+        "partition_end": end.isoformat(),
+    }
+
+
+def orders_of(lakehouse: LakehouseResource, context: AssetExecutionContext) -> DataFrame:
+    if not lakehouse.exists(STAGING_ORDERS):
+        raise Failure("staging/orders has not been built; materialize it for this range first.")
+    start, end = run_dates(context)
+    return lakehouse.read_range(STAGING_ORDERS, "event_date", start, end)
+
+
+@asset(
+    key=RAW_CRM_HISTORY,
+    group_name="raw",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=table(RAW_CRM_HISTORY).code_version,
+    metadata=table(RAW_CRM_HISTORY).metadata,
+    deps=[AssetDep(STAGING_ORDERS)],
+    kinds={"spark", "delta"},
+)
+def crm_customer_history(
+    context: AssetExecutionContext, lakehouse: LakehouseResource, crm: CrmResource
+) -> MaterializeResult:
+    """Every CRM answer the run needed, appended as received (status and body text)."""
+    orders = orders_of(lakehouse, context)
+    needed = sorted(
+        r["customer_id"] for r in customers_to_fetch(orders, kept_history(lakehouse)).collect()
+    )
+    kind = crm_kind(context.run.tags)
+    try:
+        answers, stats = crm.fetch(needed, kind=kind, run_id=context.run_id)
+    except CrmError as error:
+        raise Failure(str(error)) from None
+    rows = [
+        (a.customer_id, a.fetched_at, a.fetched_at.astimezone(UTC).date(), a.status, a.body, run)
+        for a in answers
+        for run in [context.run_id]
+    ]
+    df = lakehouse.session.createDataFrame(rows, RAW_HISTORY_SCHEMA).withColumn(
+        "_loaded_at", F.current_timestamp()
+    )
+    # Appended even when empty: the commit records the event days this run covered.
+    lakehouse.append(
+        RAW_CRM_HISTORY, df, "fetched_date", covered_days(context, context.run_id, RAW_CRM_HISTORY)
+    )
+    if stats.throttled_429:
+        context.log.warning(f"the CRM answered 429 {stats.throttled_429} times to this run")
+    return MaterializeResult(metadata={"crm_kind": kind, **stats.metadata()})
+
+
+@asset(
+    key=STAGING_CUSTOMERS,
+    group_name="staging",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=table(STAGING_CUSTOMERS).code_version,
+    deps=[AssetDep(RAW_CRM_HISTORY)],
+    kinds={"spark", "delta"},
+)
+def staging_customers(
+    context: AssetExecutionContext, lakehouse: LakehouseResource
+) -> MaterializeResult:
+    """SCD2 versions of every customer from the newest kept answer, rebuilt whole.
+
+    The read of raw and the overwrite happen under this table's lock, so a run that
+    finished later always writes a table holding every answer kept before it."""
+    if not lakehouse.exists(RAW_CRM_HISTORY):
+        raise Failure("raw/crm_customer_history has not been built; materialize it first.")
+    with lakehouse.table_lock("staging/customers.rebuild"):
+        versions = scd2_versions(lakehouse.read(RAW_CRM_HISTORY)).withColumn(
+            "_loaded_at", F.current_timestamp()
+        )
+        version = lakehouse.overwrite(
+            STAGING_CUSTOMERS,
+            versions,
+            covered_days(context, context.run_id, STAGING_CUSTOMERS),
+        )
+    written = lakehouse.read(STAGING_CUSTOMERS, version)
+    return MaterializeResult(
+        metadata={
+            "delta_version": version,
+            "versions": written.count(),
+            "customers": written.select("customer_id").distinct().count(),
+        }
+    )
+
+
+@asset(
+    key=FCT_REVENUE_BY_SEGMENT,
+    pool="lakehouse_downstream",
+    group_name="marts",
+    partitions_def=daily_partitions,
+    backfill_policy=chunked_backfill_policy(),
+    code_version=table(FCT_REVENUE_BY_SEGMENT).code_version,
+    metadata=table(FCT_REVENUE_BY_SEGMENT).metadata,
+    ins={
+        "staged": AssetIn(STAGING_ORDERS),
+        "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),
+    },
+    deps=[AssetDep(STAGING_CUSTOMERS), AssetDep(RAW_CRM_HISTORY)],
+    kinds={"spark", "delta"},
+)
+def fct_revenue_by_segment(
+    context: AssetExecutionContext,
+    spark: SparkSessionResource,
+    lakehouse: LakehouseResource,
+    staged: DataFrame | None,
+    fx: DataFrame | None,
+) -> DataFrame:
+    """Orders, paid orders and USD revenue per (event_date, segment, country), each order
+    attributed to its customer's version in force at its event_time (never today's).
+
+    Fails, naming customers, when an order's customer has no kept answer covering it."""
+    orders = _orders_in_usd(staged, fx, spark.get_session())
+    missing = uncovered_customers(orders, kept_history(lakehouse))
+    if missing:
+        shown = ", ".join(repr(c) for c in missing[:10])
+        raise Failure(
+            f"{len(missing)} customers have no CRM answer covering their orders ({shown}); "
+            "materialize raw/crm_customer_history and staging/customers for this range first."
+        )
+    if not lakehouse.exists(STAGING_CUSTOMERS):
+        raise Failure("staging/customers has not been built; materialize it first.")
+    versions = lakehouse.read(STAGING_CUSTOMERS)
+    return revenue_by_segment(orders, versions).withColumn("_loaded_at", F.current_timestamp())

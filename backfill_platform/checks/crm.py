@@ -1,0 +1,127 @@
+"""Checks of the CRM tables: SCD2 validity, and segment revenue reconciled with daily revenue.
+
+`staging_customers_scd2` (ERROR): every version has a parseable valid_from, no two versions
+of a customer share one, each version ends where the next begins (no gap, no overlap) and
+each customer has exactly one open version. `segments_match_daily_revenue` (blocking):
+per event day, the sums of orders, paid orders and USD revenue over segments equal those of
+`marts/fct_daily_revenue` over currencies: attribution moves revenue between segments,
+never creates or loses it.
+"""
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    asset_check,
+)
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+
+from backfill_platform.checks.results import run_partitions
+from backfill_platform.partitions import daily_partitions
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.tables import FCT_DAILY_REVENUE, FCT_REVENUE_BY_SEGMENT, STAGING_CUSTOMERS
+
+_SHOWN = 10
+
+
+def scd2_problems(versions) -> dict[str, list[str]]:
+    """Problem kind -> customers (at most 10 each) whose versions break SCD2."""
+    following = Window.partitionBy("customer_id").orderBy("valid_from")
+    checked = versions.withColumn("_next_from", F.lead("valid_from").over(following))
+    per_customer = checked.groupBy("customer_id").agg(
+        F.count(F.when(F.col("valid_from").isNull(), True)).alias("unparseable"),
+        (F.count(F.lit(1)) - F.countDistinct("valid_from")).alias("duplicate"),
+        F.count(
+            F.when(
+                F.col("_next_from").isNotNull()
+                & (F.col("valid_to").isNull() | (F.col("valid_to") != F.col("_next_from"))),
+                True,
+            )
+        ).alias("gap_or_overlap"),
+        F.count(F.when(F.col("valid_to").isNull(), True)).alias("open_versions"),
+    )
+    problems = {
+        "unparseable valid_from": F.col("unparseable") > 0,
+        "duplicate valid_from": F.col("duplicate") > 0,
+        "gap or overlap": F.col("gap_or_overlap") > 0,
+        "not exactly one open version": F.col("open_versions") != 1,
+    }
+    found = {}
+    for name, condition in problems.items():
+        bad = [r["customer_id"] for r in per_customer.where(condition).limit(_SHOWN).collect()]
+        if bad:
+            found[name] = bad
+    return found
+
+
+@asset_check(asset=STAGING_CUSTOMERS, name="scd2_valid", blocking=True)
+def staging_customers_scd2(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """No overlapping or gapped versions, one open version per customer."""
+    if not lakehouse.exists(STAGING_CUSTOMERS):
+        return AssetCheckResult(passed=False, description="staging/customers does not exist")
+    versions = lakehouse.read(STAGING_CUSTOMERS)
+    problems = scd2_problems(versions)
+    return AssetCheckResult(
+        passed=not problems,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(f"{k}: {', '.join(map(repr, v))}" for k, v in problems.items())
+        or "every customer's versions chain without gaps and end in one open version",
+        metadata={"versions": versions.count(), "problem_kinds": len(problems)},
+    )
+
+
+def segment_totals_mismatch(lakehouse: LakehouseResource, start, end) -> list[str]:
+    """Event days in [start, end) whose segment totals differ from daily revenue's."""
+
+    def totals(key):
+        if not lakehouse.exists(key):
+            return {}
+        rows = (
+            lakehouse.read_range(key, "event_date", start, end)
+            .groupBy("event_date")
+            .agg(
+                F.sum("orders").alias("orders"),
+                F.sum("paid_orders").alias("paid_orders"),
+                F.sum("revenue_usd").alias("revenue_usd"),
+            )
+            .collect()
+        )
+        return {
+            r["event_date"].isoformat(): (r["orders"], r["paid_orders"], r["revenue_usd"])
+            for r in rows
+        }
+
+    segments, daily = totals(FCT_REVENUE_BY_SEGMENT), totals(FCT_DAILY_REVENUE)
+    return [
+        f"{day}: segments {segments.get(day)} vs daily {daily.get(day)}"
+        for day in sorted(set(segments) | set(daily))
+        if segments.get(day) != daily.get(day)
+    ]
+
+
+@asset_check(
+    asset=FCT_REVENUE_BY_SEGMENT,
+    name="segments_match_daily_revenue",
+    blocking=True,
+    partitions_def=daily_partitions,
+    additional_deps=[FCT_DAILY_REVENUE],
+)
+def segments_match_daily_revenue(
+    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    """Per event day: orders, paid orders and USD revenue over segments == over currencies."""
+    run = run_partitions(context)
+    wrong = segment_totals_mismatch(lakehouse, run.start, run.end)
+    return AssetCheckResult(
+        passed=not wrong,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(wrong[:_SHOWN])
+        or f"{len(run.partition_keys())} days: segment totals equal daily revenue",
+        metadata={"days_checked": len(run.partition_keys()), "days_wrong": len(wrong)},
+    )
+
+
+crm_checks = [staging_customers_scd2, segments_match_daily_revenue]

@@ -1,0 +1,140 @@
+"""Start and stop the demo CRM server as a child process (make demo, make ui, the tests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class CrmProcess:
+    process: subprocess.Popen
+    url: str
+    log: Path | None
+
+    def metrics(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def requests(self) -> list[dict]:
+        """Every request the server logged (needs `log`)."""
+        if self.log is None or not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text(encoding="utf-8").splitlines()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> CrmProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_crm_server(
+    data_dir: Path,
+    *,
+    token: str,
+    rate: int = 20,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    log: Path | None = None,
+    extra: list[str] | None = None,
+) -> CrmProcess:
+    """Start the server and wait until it listens; the token goes through its environment."""
+    port = port or free_port(host)
+    # The child imports this very package, wherever it was imported from.
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "DEMO_CRM_TOKEN": token, "PYTHONPATH": path}
+    command = [
+        sys.executable,
+        "-m",
+        "backfill_platform.sources.crm_server",
+        *("--host", host, "--port", str(port), "--rate", str(rate)),
+        *("--data", str(data_dir), "--token-env", "DEMO_CRM_TOKEN"),
+        *(("--log", str(log)) if log else ()),
+        *(extra or []),
+    ]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = process.stdout.readline()
+    if "listening" not in first:
+        process.wait(timeout=10)
+        raise RuntimeError(f"the demo CRM did not start: {first}{process.stderr.read()}".strip())
+    return CrmProcess(process, f"http://{host}:{port}", log)
+
+
+DEMO_TOKEN = "demo-crm-token"
+DEMO_PORT = 8765
+
+
+@contextmanager
+def demo_crm(data_dir: Path, log: Path | None = None) -> Iterator[CrmProcess | None]:
+    """The demo CRM for `make demo` / `make ui`, unless BACKFILL_CRM_URL points elsewhere:
+    then nothing is started. Sets BACKFILL_CRM_URL and BACKFILL_CRM_TOKEN for this process
+    and its children while it runs."""
+    if os.environ.get("BACKFILL_CRM_URL"):
+        yield None
+        return
+    token = os.environ.get("BACKFILL_CRM_TOKEN") or DEMO_TOKEN
+    rate = int(os.environ.get("BACKFILL_CRM_RATE_LIMIT") or 20)
+    with start_crm_server(data_dir, token=token, rate=rate, port=DEMO_PORT, log=log) as server:
+        saved = {k: os.environ.get(k) for k in ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN")}
+        os.environ.update({"BACKFILL_CRM_URL": server.url, "BACKFILL_CRM_TOKEN": token})
+        try:
+            yield server
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`crm_process --data DIR -- COMMAND...`: run COMMAND with the demo CRM around it."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    if not (args.data / "customers.json").is_file() and not os.environ.get("BACKFILL_CRM_URL"):
+        print(f"{args.data}/customers.json is missing: run `make demo` first", file=sys.stderr)
+        return 1
+    with demo_crm(args.data) as server:
+        if server is not None:
+            print(f"demo CRM at {server.url} (stopped when the command ends)")
+        try:
+            return subprocess.call(command)
+        except KeyboardInterrupt:
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
