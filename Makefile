@@ -33,7 +33,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-skew
+.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-skew tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -125,6 +125,11 @@ ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
 		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
 		$(VENV)/bin/dagster dev -w workspace.yaml
+
+# The UI tour's screenshots (docs/tour.md) from the last `make e2e` browser journey.
+tour:
+	@test -d test-artifacts/journey || { echo "run make e2e first (it takes the screenshots)"; exit 1; }
+	cp test-artifacts/journey/*.png docs/tour/
 
 lint: install
 	$(VENV)/bin/ruff check .
