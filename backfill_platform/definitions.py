@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dagster import Definitions, in_process_executor
 
-from backfill_platform.assets import all_assets
+from backfill_platform.assets import all_assets, shadow_assets
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
 from backfill_platform.operations.launchpad import operations_jobs
@@ -72,7 +72,7 @@ def build_crm(lakehouse_dir: str) -> CrmResource:
 
 
 defs = Definitions(
-    assets=all_assets,
+    assets=[*all_assets, *shadow_assets],
     asset_checks=all_checks,
     resources=build_resources(),
     jobs=[*all_jobs, *operations_jobs],

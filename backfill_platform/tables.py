@@ -9,7 +9,7 @@ Shadow table names are built here too, so the suffix rule cannot be bypassed.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dagster import AssetKey
@@ -154,3 +154,35 @@ def check_shadow_suffix(suffix: object) -> str:
 def shadow_name(name: str, suffix: str) -> str:
     """`marts/fct_daily_revenue__shadow_fx` for a registered table and a valid suffix."""
     return f"{table(name).name}{SHADOW_MARKER}{check_shadow_suffix(suffix)}"
+
+
+# -- shadow assets ---------------------------------------------------------------------------
+# A shadow backfill materializes twins of the correctable assets under their own keys, so
+# Dagster never records a shadow write as a production materialization.
+SHADOW_KEY_PREFIX = "shadow"
+SHADOW_GROUP = "shadow"
+CORRECTABLE_LAYERS = ("staging", "marts")  # raw is re-ingested, never replaced by a shadow
+# The run tag a shadow run carries: the suffix its twins write `<table>__shadow_<suffix>` to.
+SHADOW_SUFFIX_TAG = "backfill_platform/shadow_suffix"
+
+
+def shadow_key(key: AssetKey | str) -> AssetKey:
+    """`shadow/marts/fct_daily_revenue` for `marts/fct_daily_revenue` (a registered table)."""
+    return AssetKey([SHADOW_KEY_PREFIX, *table(key).key.path])
+
+
+def production_key(key: AssetKey) -> AssetKey | None:
+    """The registered table a shadow key twins; None for any other key."""
+    if len(key.path) < 2 or key.path[0] != SHADOW_KEY_PREFIX:
+        return None
+    return table(AssetKey(key.path[1:])).key
+
+
+def run_shadow_suffix(tags: Mapping[str, str]) -> str | None:
+    """The run's shadow suffix from its `SHADOW_SUFFIX_TAG`, checked; None without the tag."""
+    if SHADOW_SUFFIX_TAG not in tags:
+        return None
+    try:
+        return check_shadow_suffix(tags[SHADOW_SUFFIX_TAG])
+    except InvalidShadowSuffix as error:
+        raise InvalidShadowSuffix(f"run tag {SHADOW_SUFFIX_TAG}: {error}") from None

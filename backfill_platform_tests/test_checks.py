@@ -31,6 +31,7 @@ from backfill_platform.checks import all_checks
 from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
 from backfill_platform.definitions import all_assets
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -225,6 +226,32 @@ def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
     assert all(f["orders"] == 40 for f in fct) and fct[0]["revenue_usd"] > 0
     staged = [observed[(STAGING_ORDERS, d)] for d in DAYS]
     assert [s["superseded_versions"] for s in staged] == [2] * 5 + [1]
+
+
+@pytest.mark.slow
+def test_a_92_day_ranged_run_records_92_evaluations_per_check(tmp_path, spark, env):
+    """The issue's bar: one ranged run of 92 one-order days, every layer and every check,
+    records 92 evaluations per partitioned check, resolved per day in the instance."""
+    platform = Platform.create(tmp_path)
+    days = DayRange("2024-01-01", "2024-04-01").partition_keys()
+    assert len(days) == 92
+    for i, day in enumerate(days):
+        platform.write_rates(day, {"EUR": "1.10"})
+        platform.write_orders(day, [order_line(f"o{i}", f"{day}T08:00:00Z", customer_id="c1")])
+    result = materialize_range(
+        ASSETS_AND_CHECKS, days[0], days[-1], platform.resources, platform.instance
+    )
+    assert result.success
+    evaluations = _evaluations(result)
+    assert len(evaluations) == 13
+    for name, verdicts in evaluations.items():
+        assert verdicts.partitions == days, name
+    for definition in all_checks:
+        for spec in definition.check_specs:
+            statuses = _partition_statuses(platform.instance, spec.key)
+            assert sorted(statuses) == days, spec.key
+            if spec.blocking:
+                assert set(statuses.values()) == {"SUCCEEDED"}, spec.key
 
 
 # -- reconciliation faults ------------------------------------------------------------------

@@ -13,6 +13,8 @@ from decimal import Decimal
 
 import pytest
 from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
     DagsterRun,
@@ -23,6 +25,7 @@ from pyspark.sql import functions as F
 
 import backfill_platform.assets.marts as marts_module
 from backfill_platform import cli
+from backfill_platform.assets import shadow_assets
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
@@ -35,7 +38,14 @@ from backfill_platform.operations.validate import latest_validation
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
-from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_FX_RATES, RAW_ORDERS
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    RAW_FX_RATES,
+    RAW_ORDERS,
+    SHADOW_SUFFIX_TAG,
+    shadow_key,
+)
 from backfill_platform.transforms.fx import with_usd
 from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
 
@@ -178,6 +188,8 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     before = {t: full_rows(platform, t) for t in MARTS.split(",")}
     versions = {t: platform.version(t) for t in MARTS.split(",")}
     old_usd = fct_usd(platform)
+    marts = [FCT_DAILY_REVENUE, CUSTOMER_LTV]
+    latest_before = {k: latest_materialization(platform, k) for k in marts}
     status, shadow = run_cli(
         "shadow", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--suffix", "fxfix"
     )
@@ -185,6 +197,20 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     assert shadow["seeded"] == {"marts/customer_ltv__shadow_fxfix": f"{DAYS[0]}..{DAYS[0]}"}
     assert {t: full_rows(platform, t) for t in MARTS.split(",")} == before
     assert {t: platform.version(t) for t in MARTS.split(",")} == versions
+    # Dagster saw shadow materializations, not production ones: production's latest is the
+    # same event, the twins have one per shadowed partition, from runs tagged with the suffix.
+    assert {k: latest_materialization(platform, k) for k in marts} == latest_before
+    assert sorted(shadow["assets"]) == [
+        "shadow/marts/customer_ltv",
+        "shadow/marts/fct_daily_revenue",
+    ]
+    twin = materializations(platform, shadow_key(FCT_DAILY_REVENUE), DAYS[1:6])
+    assert sorted(r.partition_key for r in twin) == DAYS[1:6]
+    assert "fct_daily_revenue__shadow_fxfix" in str(
+        twin[0].asset_materialization.metadata["table_path"].value
+    )
+    runs = {platform.instance.get_run_by_id(r.run_id).tags.get(SHADOW_SUFFIX_TAG) for r in twin}
+    assert runs == {"fxfix"}
     new_usd = fct_usd(platform, "marts/fct_daily_revenue__shadow_fxfix")
 
     # Validate: exactly the expected difference, and the shadow reconciles between layers.
@@ -243,6 +269,16 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         thread.join()
     assert status == 0, done
     assert seen and all(len(s) == 1 and s <= {"old", "new"} for s in seen), seen
+    # The cutover is what changes production in Dagster: a materialization of each swapped
+    # partition on the production key, naming the shadow and the Delta versions.
+    swapped = materializations(platform, FCT_DAILY_REVENUE, DAYS[1:6])
+    assert sorted(r.partition_key for r in swapped[:5]) == DAYS[1:6]
+    cut = swapped[0].asset_materialization.metadata
+    assert cut["operation"].value == "cutover"
+    assert cut["shadow_table"].value == "marts/fct_daily_revenue__shadow_fxfix"
+    assert cut["delta_version"].value == platform.version("marts/fct_daily_revenue")
+    assert cut["delta_version_before"].value == versions["marts/fct_daily_revenue"]
+    assert latest_materialization(platform, FCT_DAILY_REVENUE) != latest_before[FCT_DAILY_REVENUE]
     assert fct_usd(platform) == {**old_usd, **new_usd}
     commit = lake.history("marts/fct_daily_revenue", limit=1)[0]["metadata"]
     assert commit["operation"] == "cutover" and commit["reason"].endswith("(INC-42)")
@@ -296,6 +332,62 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     with pytest.raises(RollbackRefused, match="vacuumed"):
         rollback(lake, platform.instance, "too late")
     assert {t: full_rows(platform, t) for t in MARTS.split(",")} == current
+
+
+def latest_materialization(platform: Platform, key: AssetKey) -> int | None:
+    """The storage id of the key's latest materialization event (None: never materialized)."""
+    page = AssetRecordsFilter(asset_key=key)
+    records = platform.instance.fetch_materializations(page, limit=1).records
+    return records[0].storage_id if records else None
+
+
+def materializations(platform: Platform, key: AssetKey, partitions: list[str]) -> list:
+    """The key's materialization records of those partitions, newest first."""
+    page = AssetRecordsFilter(asset_key=key, asset_partitions=partitions)
+    return list(platform.instance.fetch_materializations(page, limit=100).records)
+
+
+def test_shadow_assets_refuse_a_run_without_a_valid_suffix_tag(ops_env):
+    """A shadow twin launched without the suffix tag (or with a bad one) fails naming the tag,
+    and no table, shadow or production, is written."""
+    platform = ops_env
+    deliver(platform)
+    platform.materialize(DAYS[0], DAYS[0])
+    versions = {t: platform.version(t) for t in MARTS.split(",")}
+    everything = [*all_assets, *shadow_assets]
+    for tags, message in (
+        ({}, f"needs the run tag {SHADOW_SUFFIX_TAG}"),
+        ({SHADOW_SUFFIX_TAG: "../prod"}, f"run tag {SHADOW_SUFFIX_TAG}: --suffix '../prod'"),
+    ):
+        result = materialize(
+            everything,
+            selection=[shadow_key(FCT_DAILY_REVENUE)],
+            partition_key=DAYS[0],
+            resources=platform.resources,
+            instance=platform.instance,
+            tags=tags,
+            raise_on_error=False,
+        )
+        assert not result.success
+        errors = [
+            e.event_specific_data.error.message
+            for e in result.all_events
+            if getattr(e.event_specific_data, "error", None)
+        ]
+        assert any(message in text for text in errors), errors
+    # A production asset in a run tagged as shadow is refused too.
+    tagged = materialize(
+        everything,
+        selection=[FCT_DAILY_REVENUE],
+        partition_key=DAYS[0],
+        resources=platform.resources,
+        instance=platform.instance,
+        tags={SHADOW_SUFFIX_TAG: "ok"},
+        raise_on_error=False,
+    )
+    assert not tagged.success
+    assert not list(platform.lakehouse.glob("marts/*__shadow_*"))
+    assert {t: platform.version(t) for t in MARTS.split(",")} == versions
 
 
 def shadow_version(platform: Platform, table: str) -> int | None:

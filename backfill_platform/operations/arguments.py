@@ -15,11 +15,10 @@ from dagster import AssetKey
 from backfill_platform.lineage import Lineage, UnknownAsset
 from backfill_platform.ranges import DayRange, InvalidRange
 from backfill_platform.settings import MAX_RANGE_DAYS, setting
+from backfill_platform.tables import (  # CORRECTABLE_LAYERS: re-exported for the CLI
+    CORRECTABLE_LAYERS as CORRECTABLE_LAYERS,
+)
 from backfill_platform.tables import InvalidShadowSuffix, UnknownTable, table
-
-# Raw tables are the immutable record of the landing zone: they are rebuilt by re-ingesting
-# (a plain backfill, guarded against losing source lines), never by a shadow cutover.
-CORRECTABLE_LAYERS = ("staging", "marts")
 
 
 class InvalidArgument(ValueError):

@@ -163,7 +163,9 @@ def cutover(
 
 
 def record_cutover(instance: DagsterInstance, result: Cutover) -> None:
-    """Each rewritten partition gets a materialization carrying the cutover, in the UI."""
+    """Each rewritten partition gets a materialization of the PRODUCTION key carrying the
+    cutover: the shadow run materialized only `shadow/...` keys, so this is the moment
+    the UI, staleness and automation learn production changed."""
     for t in result.tables:
         for key in DayRange(result.start, result.end).partition_keys():
             instance.report_runless_asset_event(
@@ -175,6 +177,9 @@ def record_cutover(instance: DagsterInstance, result: Cutover) -> None:
                         "operation": CUTOVER,
                         "cutover_id": result.cutover_id,
                         "delta_version": t.version_after,
+                        "delta_version_before": t.version_before
+                        if t.version_before is not None
+                        else -1,
                         "shadow_table": MetadataValue.text(t.shadow_table),
                         "shadow_version": t.shadow_version,
                         "reason": result.reason,

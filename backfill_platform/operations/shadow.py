@@ -1,8 +1,10 @@
-"""Shadow backfill: the same assets over a range, written beside production, never into it.
+"""Shadow backfill: the same code over a range, written beside production, never into it.
 
-The lakehouse routes the shadowed tables to `<table>__shadow_<suffix>` for reads and writes,
-so a shadow fct reads a shadow staging when both are shadowed and production otherwise.
-Everything else (asset code, IO manager, commit metadata, Dagster runs) is the normal path.
+The runs materialize the shadow twins (`shadow/<table>` keys, assets/shadow.py) tagged with
+`SHADOW_SUFFIX_TAG`, so Dagster records them as shadow materializations and production's
+latest materialization is untouched. The IO manager writes `<table>__shadow_<suffix>`; a
+shadow fct reads the shadow staging where it exists and production's otherwise. A
+deployment launches the same twins with the same tag (after `seed_self_dependencies`).
 """
 
 from __future__ import annotations
@@ -12,36 +14,30 @@ from dataclasses import asdict, dataclass
 
 from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
+from backfill_platform.assets.shadow import shadow_twins
 from backfill_platform.lineage import Lineage, upstream_keys
 from backfill_platform.ranges import DayRange
-from backfill_platform.resources import DeltaIOManager, LakehouseResource
+from backfill_platform.resources import LakehouseResource
 from backfill_platform.runner import InProcessExecutor, run_range
-from backfill_platform.tables import check_shadow_suffix, shadow_name, table
-
-SHADOW_TAG = "backfill_platform/shadow"
+from backfill_platform.tables import (
+    SHADOW_SUFFIX_TAG,
+    check_shadow_suffix,
+    shadow_key,
+    shadow_name,
+    table,
+)
 
 
 def shadow_lakehouse(lake: LakehouseResource, suffix: str, keys: Sequence[AssetKey]):
-    return LakehouseResource(
-        root_dir=lake.root_dir,
-        spark=lake.spark,
-        shadow_suffix=check_shadow_suffix(suffix),
-        shadow_tables=[k.to_user_string() for k in keys],
-    )
-
-
-def shadow_resources(
-    resources: Mapping[str, object], suffix: str, keys: Sequence[AssetKey]
-) -> dict[str, object]:
-    """The run's resources with the lakehouse (and the IO manager over it) shadow-routed."""
-    lake = shadow_lakehouse(resources["lakehouse"], suffix, keys)
-    return {**resources, "lakehouse": lake, "io_manager": DeltaIOManager(lakehouse=lake)}
+    """`lake` with `keys` routed to their shadows (validation, cutover, seeding)."""
+    return lake.shadowing(check_shadow_suffix(suffix), keys)
 
 
 @dataclass
 class ShadowResult:
     suffix: str
     tables: dict[str, str]  # production table -> shadow table
+    assets: list[str]  # the shadow asset keys materialized
     start: str
     end: str
     run_ids: list[str]
@@ -95,28 +91,33 @@ def run_shadow(
     lineage: Lineage | None = None,
     per_run: int | None = None,
 ) -> ShadowResult:
-    """Materialize `selection` over first..last into shadow tables, as ranged Dagster runs
-    planned and executed by the runner, exactly as production is backfilled."""
+    """Materialize the shadow twins of `selection` over first..last into shadow tables, as
+    ranged Dagster runs planned and executed by the runner, exactly as production is
+    backfilled (same chunks, stages and pools), with production's resources."""
     suffix = check_shadow_suffix(suffix)
     days = DayRange(first, last)
     lineage = lineage or Lineage(assets)
     keys = lineage.expand(selection)
-    shadow_res = shadow_resources(resources, suffix, keys)
-    lake, shadow = resources["lakehouse"], shadow_res["lakehouse"]
-    seeded = seed_self_dependencies(lake, shadow, lineage, keys, first)
+    lake = resources["lakehouse"]
+    seeded = seed_self_dependencies(
+        lake, shadow_lakehouse(lake, suffix, keys), lineage, keys, first
+    )
+    twins = shadow_twins(assets)
+    with_twins = [*assets, *twins]
     report = run_range(
-        InProcessExecutor(assets, shadow_res, instance),
-        lineage,
-        keys,
+        InProcessExecutor(with_twins, resources, instance),
+        Lineage(with_twins),
+        [shadow_key(k) for k in keys],
         days,
         trigger="shadow-backfill",
-        tags={SHADOW_TAG: suffix},
+        tags={SHADOW_SUFFIX_TAG: suffix},
         per_run=per_run,
     )
     run_ids, success = report.run_ids, report.success
     return ShadowResult(
         suffix=suffix,
         tables={k.to_user_string(): shadow_name(k.to_user_string(), suffix) for k in keys},
+        assets=[shadow_key(k).to_user_string() for k in keys],
         start=first,
         end=last,
         run_ids=run_ids,

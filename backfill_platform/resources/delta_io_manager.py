@@ -2,19 +2,28 @@
 
 Assets declare their date column as `partition_expr` definition metadata (the convention
 of dagster-deltalake), so the IO manager knows which column the run's time window covers.
+
+Shadow twins (`shadow/<table>` keys, assets/shadow.py) write `<table>__shadow_<suffix>`,
+the suffix taken from the run's `SHADOW_SUFFIX_TAG`; a twin without the tag, or a
+production asset in a run that carries it, is refused before anything is written.
 """
 
 from __future__ import annotations
 
 from dagster import (
+    AssetKey,
     ConfigurableIOManager,
+    Failure,
+    InitResourceContext,
     InputContext,
     MetadataValue,
     OutputContext,
 )
+from pydantic import PrivateAttr
 from pyspark.sql import DataFrame
 
 from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
@@ -25,14 +34,37 @@ class DeltaIOManager(ConfigurableIOManager):
     """Writes a DataFrame over exactly its run's partition range in one Delta commit."""
 
     lakehouse: LakehouseResource
+    _shadow_suffix: str | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
+
+    def _table(self, key: AssetKey, writing: bool) -> tuple[LakehouseResource, AssetKey]:
+        """The lakehouse and table of an asset key: a twin's shadow, or production."""
+        production = production_key(key)
+        if production is None:
+            if self._shadow_suffix and writing:
+                raise Failure(
+                    f"{key.to_user_string()}: this run carries {SHADOW_SUFFIX_TAG}="
+                    f"{self._shadow_suffix}, so it writes shadow assets only; production "
+                    "is unchanged. Select the shadow/... assets or drop the tag."
+                )
+            return self.lakehouse, key
+        if not self._shadow_suffix:
+            raise Failure(
+                f"{key.to_user_string()}: a shadow asset needs the run tag "
+                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written."
+            )
+        return self.lakehouse.shadowing(self._shadow_suffix, [production]), production
 
     def handle_output(self, context: OutputContext, obj: DataFrame | None) -> None:
         if obj is None:
             return
+        lakehouse, key = self._table(context.asset_key, writing=True)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
-        commit = self.lakehouse.replace_range(
-            context.asset_key,
+        commit = lakehouse.replace_range(
+            key,
             obj,
             partition_column=column,
             start=window.start.date(),
@@ -47,7 +79,7 @@ class DeltaIOManager(ConfigurableIOManager):
                 "files_removed": commit.files_removed,
                 "rows_replaced": commit.rows_removed,
                 "partition_range": f"[{window.start.date()}, {window.end.date()})",
-                "table_path": MetadataValue.path(self.lakehouse.table_path(context.asset_key)),
+                "table_path": MetadataValue.path(lakehouse.table_path(key)),
             }
         )
 
@@ -55,16 +87,20 @@ class DeltaIOManager(ConfigurableIOManager):
         """The upstream table filtered to the mapped partitions; None when there are none.
 
         None happens for the first partition of a self-dependent asset, or when the upstream
-        table has not been written yet.
+        table has not been written yet. A shadow twin's input is its upstream twin's shadow
+        where that exists, production's table otherwise (a shadow of the marts alone reads
+        production staging).
         """
-        key = context.asset_key
+        lakehouse, key = self._table(context.asset_key, writing=False)
         if not context.has_asset_partitions or not context.asset_partition_keys:
             return None
-        if not self.lakehouse.exists(key):
+        if not lakehouse.exists(key):
+            lakehouse = self.lakehouse
+        if not lakehouse.exists(key):
             return None
         column = _partition_column(context.upstream_output.definition_metadata, context)
         window = context.asset_partitions_time_window
-        return self.lakehouse.read_range(key, column, window.start.date(), window.end.date())
+        return lakehouse.read_range(key, column, window.start.date(), window.end.date())
 
 
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:

@@ -21,17 +21,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from dagster import AssetKey, ConfigurableResource
+from dagster import AssetKey, ConfigurableResource, InitResourceContext
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 from pyspark.errors import AnalysisException, SparkRuntimeException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.resources.spark import SparkSessionResource
-from backfill_platform.tables import TABLES, shadow_name, table
+from backfill_platform.tables import (
+    CORRECTABLE_LAYERS,
+    TABLE_NAMES,
+    TABLES,
+    run_shadow_suffix,
+    shadow_name,
+    table,
+)
 
 
 class TableWriteError(Exception):
@@ -102,17 +109,46 @@ class LakehouseResource(ConfigurableResource):
     shadow_tables: list[str] = Field(
         default_factory=list, description="Tables (e.g. `marts/fct_daily_revenue`) to shadow."
     )
+    # Set from the run's `SHADOW_SUFFIX_TAG` (tables.py): in a shadow run, the asset code
+    # reads a correctable table's shadow where that shadow exists (upstream twins' output,
+    # LTV's seeded previous snapshot), so the production code runs unchanged beside production.
+    _run_shadow_suffix: str | None = PrivateAttr(default=None)
+    _run_shadows: dict[str, bool] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._run_shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
+        self._run_shadows = {}
 
     @property
     def session(self) -> SparkSession:
         return self.spark.get_session()
 
     def storage_name(self, key: AssetKey | str) -> str:
-        """Where `key` is stored: its own path, or its shadow's when it is shadowed."""
+        """Where `key` is stored: its own path, or its shadow's when it is shadowed (by
+        configuration, or in a shadow run where that shadow exists)."""
         name = _name(key)
         if self.shadow_suffix and name in self.shadow_tables:
             return shadow_name(name, self.shadow_suffix)
+        if self._run_shadow_suffix and self._run_shadow_exists(name):
+            return shadow_name(name, self._run_shadow_suffix)
         return name
+
+    def shadowing(self, suffix: str, keys: Iterable[AssetKey | str]) -> LakehouseResource:
+        """This lakehouse with `keys` routed to their `suffix` shadows for reads and writes."""
+        return LakehouseResource(
+            root_dir=self.root_dir,
+            spark=self.spark,
+            shadow_suffix=suffix,
+            shadow_tables=[_name(k) for k in keys],
+        )
+
+    def _run_shadow_exists(self, name: str) -> bool:
+        """A correctable table whose shadow of the run's suffix exists (cached once seen)."""
+        if name not in TABLE_NAMES or table(name).layer not in CORRECTABLE_LAYERS:
+            return False
+        if not self._run_shadows.get(name):
+            self._run_shadows[name] = self.exists(shadow_name(name, self._run_shadow_suffix))
+        return self._run_shadows[name]
 
     def table_path(self, key: AssetKey | str) -> str:
         """A resolved local path, or `<root>/<name>` for a URI root such as `s3a://bucket/lake`."""
