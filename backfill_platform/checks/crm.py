@@ -17,8 +17,15 @@ from dagster import (
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from backfill_platform.checks.results import run_partitions
+from backfill_platform.checks.results import (
+    CheckEvents,
+    CheckOutcome,
+    PartitionResult,
+    record,
+    run_partitions,
+)
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import FCT_DAILY_REVENUE, FCT_REVENUE_BY_SEGMENT, STAGING_CUSTOMERS
 
@@ -73,14 +80,15 @@ def staging_customers_scd2(
     )
 
 
-def segment_totals_mismatch(lakehouse: LakehouseResource, start, end) -> list[str]:
-    """Event days in [start, end) whose segment totals differ from daily revenue's."""
+def segment_totals(lakehouse: LakehouseResource, run: DayRange) -> list[PartitionResult]:
+    """Per event day of the run: (orders, paid orders, USD revenue) over segments vs over
+    currencies in daily revenue."""
 
     def totals(key):
         if not lakehouse.exists(key):
             return {}
         rows = (
-            lakehouse.read_range(key, "event_date", start, end)
+            lakehouse.read_range(key, "event_date", run.start, run.end)
             .groupBy("event_date")
             .agg(
                 F.sum("orders").alias("orders"),
@@ -96,9 +104,13 @@ def segment_totals_mismatch(lakehouse: LakehouseResource, start, end) -> list[st
 
     segments, daily = totals(FCT_REVENUE_BY_SEGMENT), totals(FCT_DAILY_REVENUE)
     return [
-        f"{day}: segments {segments.get(day)} vs daily {daily.get(day)}"
-        for day in sorted(set(segments) | set(daily))
-        if segments.get(day) != daily.get(day)
+        PartitionResult(
+            day,
+            f"daily {daily.get(day)}",
+            f"segments {segments.get(day)}",
+            segments.get(day) == daily.get(day),
+        )
+        for day in run.partition_keys()
     ]
 
 
@@ -111,17 +123,16 @@ def segment_totals_mismatch(lakehouse: LakehouseResource, start, end) -> list[st
 )
 def segments_match_daily_revenue(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """Per event day: orders, paid orders and USD revenue over segments == over currencies."""
     run = run_partitions(context)
-    wrong = segment_totals_mismatch(lakehouse, run.start, run.end)
-    return AssetCheckResult(
-        passed=not wrong,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(wrong[:_SHOWN])
-        or f"{len(run.partition_keys())} days: segment totals equal daily revenue",
-        metadata={"days_checked": len(run.partition_keys()), "days_wrong": len(wrong)},
+    outcome = CheckOutcome(
+        "segments_match_daily_revenue",
+        FCT_REVENUE_BY_SEGMENT,
+        segment_totals(lakehouse, run),
+        what="(orders, paid orders, USD revenue) over segments == over currencies",
     )
+    yield from record(context, outcome)
 
 
 crm_checks = [staging_customers_scd2, segments_match_daily_revenue]
