@@ -67,7 +67,7 @@ class PartitionResult:
 
 @dataclass
 class CheckOutcome:
-    """All partitions of one check, turned into an AssetCheckResult in one place."""
+    """All partitions of one check, turned into per-partition evaluations in one place."""
 
     check_name: str
     asset_key: AssetKey
