@@ -38,6 +38,7 @@ LATE_ARRIVAL_DAYS = 10  # assets/common.LATE_ARRIVAL_LINEAGE_DAYS
 FX_REACH_DAYS = 7  # transforms/fx.REACH_DAYS
 NULL_SPIKE = "null_rate_within_trailing_bounds"
 DRIFT = "drift_vs_previous_version"
+PRODUCTION = "not group:shadow"  # the lineage filter, in Dagster's selection syntax
 
 CHECK_STATUSES = """
 query CheckStatuses($assetKey: AssetKeyInput!) {
@@ -171,6 +172,12 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         # 1. Select all assets, Materialize, type the 3-day range, preview.
         open_page(driver, f"{dagster.url}/asset-groups", ["Global asset lineage", "Materialize"])
         driver.save_screenshot(str(SHOTS / "1-lineage.png"))
+        # The production graph: shadow twins (group `shadow`) only run from the playbook,
+        # with the suffix tag, and refuse a run without it.
+        search = driver.find_element("css selector", "input[placeholder*='filter assets']")
+        search.click()
+        search.send_keys(PRODUCTION, Keys.ENTER)
+        _wait_text(driver, f"Materialize all ({len(TABLE_NAMES)})")
         _click(driver, "Materialize all")
         _wait_text(driver, "Partition selection")
         for link in driver.find_elements("xpath", "//*[contains(text(),'Show all partitions')]"):
