@@ -34,6 +34,8 @@ MAX_RANGE_DAYS = EnvVar("BACKFILL_MAX_RANGE_DAYS")
 LIVE_WINDOW_DAYS = EnvVar("BACKFILL_LIVE_WINDOW_DAYS")
 AUTO_REPAIR_STALE = EnvVar("BACKFILL_AUTO_REPAIR_STALE")
 STALENESS_AUDIT_SECONDS = EnvVar("BACKFILL_STALENESS_AUDIT_SECONDS")
+# The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
+DAGSTER_URL = EnvVar("DAGSTER_URL")
 
 DEFAULTS: dict[str, str] = {
     "BACKFILL_LANDING_DIR": "./data/landing",
@@ -60,6 +62,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_LIVE_WINDOW_DAYS": "3",
     "BACKFILL_AUTO_REPAIR_STALE": "false",
     "BACKFILL_STALENESS_AUDIT_SECONDS": "1800",
+    "DAGSTER_URL": "http://127.0.0.1:3000",
 }
 
 

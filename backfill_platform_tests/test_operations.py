@@ -91,7 +91,8 @@ def run_cli(*argv) -> tuple[int, object]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = cli.main([*argv, "--json"])
+        in_process = ["--in-process"] if argv[0] in cli.DEPLOYED_COMMANDS else []
+        status = cli.main([*argv, *in_process, "--json"])
     return status, json.loads(out.getvalue())
 
 

@@ -1,0 +1,63 @@
+"""A shadow backfill launched on the deployment: the shadow assets as one Dagster backfill.
+
+In process, `shadow.run_shadow` routes the production assets' writes to shadow tables
+through the run's resources. A deployment's daemon builds the resources itself, so there the
+shadow writes are assets of their own, `shadow/<production key>`, which read the shadow
+suffix from the run tag `backfill_platform/shadow_suffix` (the interface agreed with the
+shadow-identity work; `shadow_launch` is the one place that knows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dagster import AssetKey
+
+from backfill_platform.lineage import Lineage
+from backfill_platform.operations.shadow import (
+    SHADOW_TAG,
+    ShadowResult,
+    seed_self_dependencies,
+    shadow_lakehouse,
+)
+from backfill_platform.ranges import DayRange
+from backfill_platform.runner import Executor, RunReport, RunSpec, run_plan
+from backfill_platform.tables import check_shadow_suffix, shadow_name
+
+SHADOW_SUFFIX_TAG = "backfill_platform/shadow_suffix"
+
+
+def shadow_launch(
+    keys: Sequence[AssetKey], days: DayRange, suffix: str
+) -> tuple[list[RunSpec], dict[str, str]]:
+    """The shadow assets of `keys` over `days`, and the tags that name the shadow."""
+    shadow_keys = tuple(AssetKey(["shadow", *key.path]) for key in keys)
+    return [RunSpec(shadow_keys, days)], {SHADOW_SUFFIX_TAG: suffix, SHADOW_TAG: suffix}
+
+
+def launch_shadow(
+    executor: Executor,
+    resources: Mapping[str, object],
+    lineage: Lineage,
+    selection: Sequence[AssetKey],
+    days: DayRange,
+    suffix: str,
+) -> tuple[ShadowResult, RunReport]:
+    """Seed what the shadow reads before the range (as in process), then launch and follow."""
+    suffix = check_shadow_suffix(suffix)
+    keys = lineage.expand(selection)
+    lake = resources["lakehouse"]
+    shadow = shadow_lakehouse(lake, suffix, keys)
+    seeded = seed_self_dependencies(lake, shadow, lineage, keys, days.first)
+    plan, tags = shadow_launch(keys, days, suffix)
+    report = run_plan(executor, plan, "shadow-backfill", tags)
+    result = ShadowResult(
+        suffix=suffix,
+        tables={k.to_user_string(): shadow_name(k.to_user_string(), suffix) for k in keys},
+        start=days.first,
+        end=days.last,
+        run_ids=report.run_ids,
+        seeded=seeded,
+        success=report.success,
+    )
+    return result, report
