@@ -60,6 +60,7 @@ from backfill_platform.operations.arguments import (
     check_reason,
     check_retention_hours,
     check_selection,
+    check_tags,
 )
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
@@ -68,7 +69,7 @@ from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_j
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
-from backfill_platform.operations.shadow_deployed import launch_shadow
+from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.lakehouse import TableDropRefused
@@ -146,6 +147,13 @@ def _parser() -> argparse.ArgumentParser:
 
     cmd = command("backfill", "the selection over a range on the deployment")
     cmd.add_argument("--reason", default=None, help="why (a tag on the backfill and its runs)")
+    cmd.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tag on the backfill and its runs (repeatable), e.g. dagster/max_retries=0",
+    )
     cmd.add_argument("--per-run", type=int, default=None, help="partitions per run (in process)")
     cmd.add_argument(
         "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
@@ -275,15 +283,19 @@ def _correctable(session: Session, args) -> list:
 def _backfill(session: Session, args) -> Outcome:
     days = _days(args)
     keys = check_selection(session.lineage, _select(args))
-    reason = check_reason(args.reason) if args.reason is not None else None
+    tags = check_tags(args.tag)
+    if args.reason is not None:
+        tags[REASON_TAG] = check_reason(args.reason)
     executor: Executor | None = _deployment(args, f"backfill {','.join(_select(args))} {days}")
+    if executor is not None:
+        executor.deployment.check_serves(session.lineage.expand(keys))
     report = run_range(
         executor or InProcessExecutor(session.assets, session.resources, session.instance),
         session.lineage,
         keys,
         days,
         trigger="backfill",
-        tags={REASON_TAG: reason} if reason else None,
+        tags=tags,
         per_run=args.per_run,
     )
     lines = [f"backfill {days}: {'ok' if report.success else 'FAILED'}", *_backfill_lines(report)]
@@ -332,6 +344,8 @@ def _shadow(session: Session, args) -> Outcome:
     days = _days(args)
     keys = _correctable(session, args)
     executor = _deployment(args, f"shadow {args.suffix} {days}")
+    if executor is not None:  # before the plan's Spark job: refuse early, naming what is missing
+        executor.deployment.check_serves(shadow_keys(session.lineage, keys))
     plan = session.plan(_select(args), days)
     if not plan["ok"] and not args.override_plan:
         text = plan["markdown"] + "\n\nRefused: the plan is blocked (--override-plan to run)."
@@ -519,6 +533,7 @@ def check(args) -> None:
         DayRange(args.start, args.end)
     if getattr(args, "reason", None) is not None:
         check_reason(args.reason)
+    check_tags(getattr(args, "tag", None) or [])
     if _select(args):
         Lineage(all_assets).parse(_select(args))
 

@@ -183,12 +183,18 @@ class DagsterDeployment:
             raise self._unreachable() from error
         except requests.RequestException as error:
             raise DeploymentError(f"{self.url}: {type(error).__name__}") from error
-        if response.status_code != 200:
-            raise DeploymentError(f"{self.url}/graphql answered HTTP {response.status_code}")
-        body = response.json()
-        if body.get("errors"):
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if body.get("errors"):  # GraphQL errors come with HTTP 200, 400 or 500
             messages = "; ".join(e.get("message", "?") for e in body["errors"])
             raise DeploymentError(f"{self.url}/graphql: {messages}")
+        if response.status_code != 200 or "data" not in body:
+            first_line = (response.text.strip().splitlines() or [""])[0][:200]
+            raise DeploymentError(
+                f"{self.url}/graphql answered HTTP {response.status_code}: {first_line}"
+            )
         return body["data"]
 
     def _unreachable(self) -> DeploymentUnreachable:

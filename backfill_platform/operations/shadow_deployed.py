@@ -27,12 +27,17 @@ from backfill_platform.tables import check_shadow_suffix, shadow_name
 SHADOW_SUFFIX_TAG = "backfill_platform/shadow_suffix"
 
 
+def shadow_keys(lineage: Lineage, selection: Sequence[AssetKey]) -> tuple[AssetKey, ...]:
+    """The shadow assets a shadow of `selection` (plus what runs with it) writes."""
+    return tuple(AssetKey(["shadow", *key.path]) for key in lineage.expand(selection))
+
+
 def shadow_launch(
-    keys: Sequence[AssetKey], days: DayRange, suffix: str
+    lineage: Lineage, selection: Sequence[AssetKey], days: DayRange, suffix: str
 ) -> tuple[list[RunSpec], dict[str, str]]:
-    """The shadow assets of `keys` over `days`, and the tags that name the shadow."""
-    shadow_keys = tuple(AssetKey(["shadow", *key.path]) for key in keys)
-    return [RunSpec(shadow_keys, days)], {SHADOW_SUFFIX_TAG: suffix, SHADOW_TAG: suffix}
+    """The shadow assets over `days`, and the tags that name the shadow."""
+    plan = [RunSpec(shadow_keys(lineage, selection), days)]
+    return plan, {SHADOW_SUFFIX_TAG: suffix, SHADOW_TAG: suffix}
 
 
 def launch_shadow(
@@ -49,7 +54,7 @@ def launch_shadow(
     lake = resources["lakehouse"]
     shadow = shadow_lakehouse(lake, suffix, keys)
     seeded = seed_self_dependencies(lake, shadow, lineage, keys, days.first)
-    plan, tags = shadow_launch(keys, days, suffix)
+    plan, tags = shadow_launch(lineage, keys, days, suffix)
     report = run_plan(executor, plan, "shadow-backfill", tags)
     result = ShadowResult(
         suffix=suffix,
