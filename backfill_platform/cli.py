@@ -286,7 +286,7 @@ def _backfill(session: Session, args) -> Outcome:
     tags = check_tags(args.tag)
     if args.reason is not None:
         tags[REASON_TAG] = check_reason(args.reason)
-    executor: Executor | None = _deployment(args, f"backfill {','.join(_select(args))} {days}")
+    executor: Executor | None = _deployment(args, f"backfill {len(keys)} asset(s) {days}")
     if executor is not None:
         executor.deployment.check_serves(session.lineage.expand(keys))
     report = run_range(

@@ -256,7 +256,8 @@ class DagsterDeployment:
                 for key, days in work.items()
             ],
             "tags": [{"key": k, "value": v} for k, v in tags.items()],
-            "title": title,
+            # Dagster refuses titles over 100 characters or with %, * or ".
+            "title": "".join(c for c in title if c not in '%*"')[:100],
         }
         result = self.graphql(LAUNCH, {"params": params})["launchPartitionBackfill"]
         return self._backfill_id(result, "launchPartitionBackfill")

@@ -96,8 +96,9 @@ class RunReport:
 
     @property
     def success(self) -> bool:
-        finished_ok = self.outcome is None or self.outcome == BACKFILL_SUCCEEDED
-        return all(r.success for r in self.runs) and not self.not_run and finished_ok
+        if self.outcome is not None:  # a deployment's backfill: a run retried into success
+            return self.outcome == BACKFILL_SUCCEEDED  # leaves its failed attempt in `runs`
+        return all(r.success for r in self.runs) and not self.not_run
 
     @property
     def run_ids(self) -> list[str]:
