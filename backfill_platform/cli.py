@@ -561,11 +561,8 @@ def main(argv: Sequence[str] | None = None, *, terminal: bool | None = None) -> 
         else:
             status, payload, text = run(args)
     except BackfillDetached as error:
-        status, payload, text = (
-            130,
-            {"detached": True, "backfill_id": error.backfill_id},
-            str(error),
-        )
+        payload = {"detached": True, "backfill_id": error.backfill_id, "error": str(error)}
+        status, text = 130, str(error)
     except REFUSALS as error:
         status, payload, text = 1, {"refused": True, "error": str(error)}, f"Refused: {error}"
     print(json.dumps(payload, indent=2, default=str) if args.json else text)

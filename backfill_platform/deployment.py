@@ -346,10 +346,10 @@ class DeploymentExecutor:
         """Poll until the backfill finishes; Ctrl-C leaves it running (`BackfillDetached`)."""
         url = self.deployment.backfill_url(backfill_id)
         observer = current_observer()
-        if observer is not None:
-            observer.launched(backfill_id, url)
         reported: set[str] = set()
         try:
+            if observer is not None:
+                observer.launched(backfill_id, url)
             while True:
                 status = self.deployment.status(backfill_id)
                 if observer is not None:

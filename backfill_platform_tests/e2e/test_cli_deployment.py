@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from dagster import AssetKey, DagsterInstance, RunsFilter
@@ -21,7 +23,7 @@ from backfill_platform.reconcile import fingerprints
 from backfill_platform.runner import TRIGGER_TAG, backfill
 from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.conftest import BACKFILL_TIMEOUT, FIRST_DAY, LAST_DAY
-from backfill_platform_tests.e2e.services import REPO_ROOT, log_tail
+from backfill_platform_tests.e2e.services import FINISHED_BACKFILL, REPO_ROOT, log_tail
 from backfill_platform_tests.e2e.tables import lakehouse_for
 from backfill_platform_tests.harness import spark_resource_for_tests
 
@@ -30,9 +32,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FIRST, LAST = FIRST_DAY.isoformat(), LAST_DAY.isoformat()
 
 
+def cli_env(deployment) -> dict[str, str]:
+    return {**deployment.dagster.env, "DAGSTER_URL": deployment.dagster.url}
+
+
 def cli(deployment, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     """The console command as an operator runs it, pointed at the test's webserver."""
-    env = {**deployment.dagster.env, "DAGSTER_URL": deployment.dagster.url}
+    env = cli_env(deployment)
+    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "backfill_platform", *argv, "--json"],
         cwd=REPO_ROOT,
@@ -48,6 +55,7 @@ def cli(deployment, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     if payload.get("refused"):
         logs = "\n".join(log_tail(p, 60) for p in deployment.dagster.logs[:1])
         pytest.fail(f"{argv} refused: {payload['error']}\nwebserver:\n{logs}")
+    print(f"{argv[0]}: {time.monotonic() - started:.0f} s, {len(payload.get('runs', []))} runs")
     return result, payload
 
 
@@ -131,3 +139,31 @@ def test_failed_backfill_exits_non_zero_and_retry_reruns_only_what_failed(deploy
     runs = instance.get_run_records(RunsFilter(tags={"dagster/backfill": retried}))
     assert runs and all(r.dagster_run.is_success for r in runs)
     assert {k for r in runs for k in r.dagster_run.asset_selection} == {AssetKey(["raw", "orders"])}
+
+
+def test_ctrl_c_leaves_the_backfill_running_and_cancel_stops_it(deployment):
+    """Ctrl-C while following: exit 130 naming the backfill and how to cancel it; the
+    backfill is still on the deployment; `cancel` ends it CANCELED."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "backfill_platform", "backfill", "--select", "raw/fx_rates",
+         "--start", FIRST, "--end", LAST, "--json"],
+        cwd=REPO_ROOT, env=cli_env(deployment), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for line in process.stderr:
+            if " launched: " in line:
+                break
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, out
+    payload = json.loads(out)
+    backfill_id = payload["backfill_id"]
+    assert f"backfill-platform cancel {backfill_id}" in payload["error"]
+    assert deployment.dagster.backfill(backfill_id)["status"] not in FINISHED_BACKFILL
+
+    result, cancelled = cli(deployment, "cancel", backfill_id)
+    assert result.returncode == 1 and cancelled["outcome"] == "CANCELED", cancelled
