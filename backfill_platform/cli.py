@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import cached_property
 from typing import Any
@@ -308,10 +308,11 @@ def _backfill(session: Session, args) -> Outcome:
     return (0 if report.success else 1), payload, "\n".join(lines)
 
 
-def _follow(args, report_of) -> Outcome:
+def _follow(act: Callable[[DagsterDeployment], str]) -> Outcome:
+    """`act` on the deployment (it returns the backfill to follow), then follow it."""
     deployment = DagsterDeployment()
     deployment.check_reachable()
-    backfill_id = report_of(deployment)
+    backfill_id = act(deployment)
     report = follow_backfill(DeploymentExecutor(deployment), backfill_id)
     lines = [f"backfill {backfill_id}: {'ok' if report.success else 'FAILED'}"]
     lines += _backfill_lines(report)
@@ -320,7 +321,7 @@ def _follow(args, report_of) -> Outcome:
 
 def _retry(session: Session, args) -> Outcome:
     """Only the failed partitions of a backfill, as a new backfill, followed to its end."""
-    return _follow(args, lambda deployment: deployment.retry(args.backfill_id))
+    return _follow(lambda deployment: deployment.retry(args.backfill_id))
 
 
 def _cancel(session: Session, args) -> Outcome:
@@ -330,7 +331,7 @@ def _cancel(session: Session, args) -> Outcome:
         deployment.cancel(args.backfill_id)
         return args.backfill_id
 
-    return _follow(args, cancel)
+    return _follow(cancel)
 
 
 def _plan(session: Session, args) -> Outcome:
@@ -398,6 +399,8 @@ def _cutover(session: Session, args) -> Outcome:
     days = _days(args)
     keys = _correctable(session, args)
     executor = None if args.no_rebuild else _deployment(args, f"rebuild after cutover {days}")
+    if executor is not None:  # before production changes: the rebuild must be launchable
+        executor.deployment.check_serves(session.lineage.toposorted())
     done = cutover(
         session.lake,
         session.instance,
