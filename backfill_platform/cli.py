@@ -1,5 +1,8 @@
 """`backfill-platform`: backfills as managed operations, against the Dagster instance the UI shows.
 
+    backfill      the selection over a range, as a Dagster backfill on the deployment
+    retry         re-run only the failed partitions of a deployment's backfill
+    cancel        cancel a deployment's backfill
     plan          blast radius, missing inputs, sizes, code versions, conflicting runs
     shadow        the selection over a range into shadow tables (refused if the plan is blocked)
     validate      shadow vs production per partition + reconciliation, recorded in the UI
@@ -17,6 +20,12 @@ progress bars there. Every command prints human-readable text, or JSON with --js
 stdout; a refusal or a user error is one line and exit status 1, never a traceback.
 Ranges are inclusive days everywhere: --start 2025-12-06 --end 2026-01-07 is printed as
 2025-12-06..2026-01-07.
+
+backfill, shadow, cutover's downstream rebuild and stale --repair run on the Dagster
+deployment at DAGSTER_URL (default http://127.0.0.1:3000, `make ui`) as one asset backfill:
+queued, under its pools and run retries, on its Backfills page. The command follows it and
+exits with its outcome; Ctrl-C stops following and leaves it running. --in-process runs the
+work in this process instead (tests, scripts); an unreachable deployment is an error.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import cached_property
 from typing import Any
@@ -35,6 +44,14 @@ from backfill_platform.automation.stale_repair import REPAIR_TRIGGER, run_repair
 from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
 from backfill_platform.console import RunProgress, dagster_home, logs_to_file, shown
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.deployment import (
+    REASON_TAG,
+    BackfillDetached,
+    DagsterDeployment,
+    DeploymentError,
+    DeploymentExecutor,
+    follow_backfill,
+)
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.arguments import (
     CORRECTABLE_LAYERS,
@@ -43,19 +60,27 @@ from backfill_platform.operations.arguments import (
     check_reason,
     check_retention_hours,
     check_selection,
+    check_tags,
 )
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
-from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream
+from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
+from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
-from backfill_platform.runner import observing
+from backfill_platform.runner import (
+    Executor,
+    InProcessExecutor,
+    RunReport,
+    observing,
+    run_range,
+)
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, SettingError, setting
 from backfill_platform.tables import (
     TABLE_NAMES,
@@ -73,9 +98,13 @@ REFUSALS = (
     ValidationRefused,
     SettingError,
     SparkJarsMissing,
+    DeploymentError,
 )
+# Commands whose work runs on the deployment unless --in-process is given.
+DEPLOYED_COMMANDS = ("backfill", "shadow", "cutover", "stale")
 # What the progress bars call the work each command plans (runner triggers).
 PROGRESS_LABELS = {
+    "backfill": "backfill",
     "shadow-backfill": "shadow",
     "cutover-downstream-rebuild": "rebuild downstream",
     REPAIR_TRIGGER: "repair stale",
@@ -94,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, ranged: bool = True, suffix: bool = False):
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--json", action="store_true", help="print JSON")
+        if name in DEPLOYED_COMMANDS:
+            parser.add_argument(
+                "--in-process",
+                action="store_true",
+                help="run here instead of as a backfill on the deployment at DAGSTER_URL",
+            )
         if ranged:
             parser.add_argument(
                 "--select",
@@ -110,6 +145,22 @@ def _parser() -> argparse.ArgumentParser:
             )
         return parser
 
+    cmd = command("backfill", "the selection over a range on the deployment")
+    cmd.add_argument("--reason", default=None, help="why (a tag on the backfill and its runs)")
+    cmd.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tag on the backfill and its runs (repeatable), e.g. dagster/max_retries=0",
+    )
+    cmd.add_argument("--per-run", type=int, default=None, help="partitions per run (in process)")
+    cmd.add_argument(
+        "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
+    )
+    for name, text in (("retry", "re-run only what failed"), ("cancel", "cancel it")):
+        cmd = command(name, f"a deployment's backfill: {text}", ranged=False)
+        cmd.add_argument("backfill_id", help="the backfill's id (printed when it was launched)")
     command("plan", "preflight plan")
     cmd = command("shadow", "shadow backfill", suffix=True)
     cmd.add_argument(
@@ -144,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
-    cmd.add_argument("--repair", action="store_true", help="run the targeted backfill in process")
+    cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
     return parser
 
 
@@ -189,6 +240,33 @@ class Session:
 Outcome = tuple[int, Any, str]  # (exit status, JSON payload, text)
 
 
+def _deployment(args, title: str) -> DeploymentExecutor | None:
+    """The deployment's executor, or None with --in-process; unreachable is an error."""
+    if getattr(args, "in_process", False):
+        return None
+    deployment = DagsterDeployment()
+    deployment.check_reachable()
+    return DeploymentExecutor(deployment, title=title)
+
+
+def _backfill_lines(report: RunReport) -> list[str]:
+    """What a person needs about a deployment's backfill: its id, outcome, URL, the retry."""
+    if report.backfill_id is None:
+        return []
+    lines = [f"  backfill {report.backfill_id}: {report.outcome} ({report.backfill_url})"]
+    if not report.success:
+        lines.append(f"  re-run only what failed: backfill-platform retry {report.backfill_id}")
+    return lines
+
+
+def _backfill_payload(report: RunReport) -> dict:
+    return {
+        "backfill_id": report.backfill_id,
+        "backfill_url": report.backfill_url,
+        "outcome": report.outcome,
+    }
+
+
 def _select(args) -> list[str]:
     return [name for name in (getattr(args, "select", None) or "").split(",") if name.strip()]
 
@@ -202,6 +280,60 @@ def _correctable(session: Session, args) -> list:
     return check_selection(session.lineage, _select(args), CORRECTABLE_LAYERS)
 
 
+def _backfill(session: Session, args) -> Outcome:
+    days = _days(args)
+    keys = check_selection(session.lineage, _select(args))
+    tags = check_tags(args.tag)
+    if args.reason is not None:
+        tags[REASON_TAG] = check_reason(args.reason)
+    executor: Executor | None = _deployment(args, f"backfill {len(keys)} asset(s) {days}")
+    if executor is not None:
+        executor.deployment.check_serves(session.lineage.expand(keys))
+    report = run_range(
+        executor or InProcessExecutor(session.assets, session.resources, session.instance),
+        session.lineage,
+        keys,
+        days,
+        trigger="backfill",
+        tags=tags,
+        per_run=args.per_run,
+    )
+    lines = [f"backfill {days}: {'ok' if report.success else 'FAILED'}", *_backfill_lines(report)]
+    lines += [
+        f"  {','.join(r.assets)} {r.first_key}..{r.last_key}: "
+        f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
+        for r in report.runs
+    ]
+    payload = {**_backfill_payload(report), "runs": [asdict(r) for r in report.runs]}
+    return (0 if report.success else 1), payload, "\n".join(lines)
+
+
+def _follow(act: Callable[[DagsterDeployment], str]) -> Outcome:
+    """`act` on the deployment (it returns the backfill to follow), then follow it."""
+    deployment = DagsterDeployment()
+    deployment.check_reachable()
+    backfill_id = act(deployment)
+    report = follow_backfill(DeploymentExecutor(deployment), backfill_id)
+    lines = [f"backfill {backfill_id}: {'ok' if report.success else 'FAILED'}"]
+    lines += _backfill_lines(report)
+    return (0 if report.success else 1), _backfill_payload(report), "\n".join(lines)
+
+
+def _retry(session: Session, args) -> Outcome:
+    """Only the failed partitions of a backfill, as a new backfill, followed to its end."""
+    return _follow(lambda deployment: deployment.retry(args.backfill_id))
+
+
+def _cancel(session: Session, args) -> Outcome:
+    """Cancel, then follow until the backfill's runs have stopped."""
+
+    def cancel(deployment: DagsterDeployment) -> str:
+        deployment.cancel(args.backfill_id)
+        return args.backfill_id
+
+    return _follow(cancel)
+
+
 def _plan(session: Session, args) -> Outcome:
     days = _days(args)
     check_selection(session.lineage, _select(args))
@@ -212,26 +344,37 @@ def _plan(session: Session, args) -> Outcome:
 def _shadow(session: Session, args) -> Outcome:
     days = _days(args)
     keys = _correctable(session, args)
+    executor = _deployment(args, f"shadow {args.suffix} {days}")
+    if executor is not None:  # before the plan's Spark job: refuse early, naming what is missing
+        executor.deployment.check_serves(shadow_keys(session.lineage, keys))
     plan = session.plan(_select(args), days)
     if not plan["ok"] and not args.override_plan:
         text = plan["markdown"] + "\n\nRefused: the plan is blocked (--override-plan to run)."
         return 1, {"refused": True, "plan": plan}, text
-    result = run_shadow(
-        session.assets,
-        session.resources,
-        session.instance,
-        keys,
-        days.first,
-        days.last,
-        args.suffix,
-        lineage=session.lineage,
-        per_run=args.per_run,
-    )
+    report = None
+    if executor is None:
+        result = run_shadow(
+            session.assets,
+            session.resources,
+            session.instance,
+            keys,
+            days.first,
+            days.last,
+            args.suffix,
+            lineage=session.lineage,
+            per_run=args.per_run,
+        )
+    else:
+        result, report = launch_shadow(
+            executor, session.resources, session.lineage, keys, days, args.suffix
+        )
     lines = [f"shadow {result.suffix} {days}: {'ok' if result.success else 'FAILED'}"]
+    lines += _backfill_lines(report) if report else []
     lines += [f"  {table} -> {shadow}" for table, shadow in result.tables.items()]
     lines += [f"  seeded {table} with production {span}" for table, span in result.seeded.items()]
     lines += [f"  run {run_id}" for run_id in result.run_ids]
-    return (0 if result.success else 1), result.to_dict(), "\n".join(lines)
+    payload = {**result.to_dict(), **(_backfill_payload(report) if report else {})}
+    return (0 if result.success else 1), payload, "\n".join(lines)
 
 
 def _validate(session: Session, args) -> Outcome:
@@ -255,6 +398,9 @@ def _validate(session: Session, args) -> Outcome:
 def _cutover(session: Session, args) -> Outcome:
     days = _days(args)
     keys = _correctable(session, args)
+    executor = None if args.no_rebuild else _deployment(args, f"rebuild after cutover {days}")
+    if executor is not None:  # before production changes: the rebuild must be launchable
+        executor.deployment.check_serves(session.lineage.toposorted())
     done = cutover(
         session.lake,
         session.instance,
@@ -266,8 +412,8 @@ def _cutover(session: Session, args) -> Outcome:
         args.force,
         lineage=session.lineage,
     )
-    runs = (
-        []
+    report = (
+        RunReport()
         if args.no_rebuild
         else rebuild_downstream(
             session.assets,
@@ -278,8 +424,10 @@ def _cutover(session: Session, args) -> Outcome:
             days.last,
             done.cutover_id,
             lineage=session.lineage,
+            executor=executor,
         )
     )
+    runs = rebuild_runs(report)
     lines = [f"cutover {done.cutover_id} {days} (validation {done.validation_id})"]
     lines += [
         f"  {t.table}: v{t.version_before} -> v{t.version_after} from {t.shadow_table} "
@@ -291,8 +439,9 @@ def _cutover(session: Session, args) -> Outcome:
         f"{'ok' if run.success else 'FAILED'} (run {run.run_id})"
         for run in runs
     ] or ["  nothing downstream to rebuild"]
-    ok = all(run.success for run in runs)
-    return (0 if ok else 1), {**done.to_dict(), "rebuild_runs": as_dicts(runs)}, "\n".join(lines)
+    lines += _backfill_lines(report)
+    payload = {**done.to_dict(), "rebuild_runs": as_dicts(runs), **_backfill_payload(report)}
+    return (0 if report.success else 1), payload, "\n".join(lines)
 
 
 def _rollback(session: Session, args) -> Outcome:
@@ -341,7 +490,13 @@ def _stale(session: Session, args) -> Outcome:
     if not args.repair:
         lines.append(f"Run `{REPAIR_COMMAND}` to rebuild them in this order.")
         return 1, payload, "\n".join(lines)
-    runs = run_repair(report.plan(), session.assets, session.resources, session.instance)
+    executor = _deployment(args, "repair stale partitions")
+    if executor is None:
+        runs = run_repair(report.plan(), session.assets, session.resources, session.instance)
+    else:
+        runs = run_repair(
+            report.plan(), session.assets, session.resources, session.instance, executor=executor
+        )
     payload["repair_runs"] = [asdict(run) for run in runs.runs]
     payload["repair_not_run"] = [f"{','.join(spec.assets)} {spec.days}" for spec in runs.not_run]
     lines += [
@@ -349,12 +504,17 @@ def _stale(session: Session, args) -> Outcome:
         f"{'ok' if run.success else 'FAILED'} (run {run.run_id})"
         for run in runs.runs
     ]
-    if not runs.success:
+    lines += _backfill_lines(runs)
+    payload.update(_backfill_payload(runs) if runs.backfill_id else {})
+    if not runs.success and not runs.backfill_id:
         lines.append(f"  {len(runs.not_run)} later run(s) not started; fix and run again")
     return (0 if runs.success else 1), payload, "\n".join(lines)
 
 
 COMMANDS = {
+    "backfill": _backfill,
+    "retry": _retry,
+    "cancel": _cancel,
     "plan": _plan,
     "shadow": _shadow,
     "validate": _validate,
@@ -376,6 +536,7 @@ def check(args) -> None:
         DayRange(args.start, args.end)
     if getattr(args, "reason", None) is not None:
         check_reason(args.reason)
+    check_tags(getattr(args, "tag", None) or [])
     if _select(args):
         Lineage(all_assets).parse(_select(args))
 
@@ -402,6 +563,9 @@ def main(argv: Sequence[str] | None = None, *, terminal: bool | None = None) -> 
                     status, payload, text = run(args)
         else:
             status, payload, text = run(args)
+    except BackfillDetached as error:
+        payload = {"detached": True, "backfill_id": error.backfill_id, "error": str(error)}
+        status, text = 130, str(error)
     except REFUSALS as error:
         status, payload, text = 1, {"refused": True, "error": str(error)}, f"Refused: {error}"
     print(json.dumps(payload, indent=2, default=str) if args.json else text)

@@ -7,7 +7,9 @@ the command writes to the terminal through `Terminal.out` and `Terminal.err`, co
 original descriptors. The log file's path is the first line a command prints.
 
 `RunProgress` is a run observer (`runner.observing`): one bar per planned piece of work with
-partitions (asset by day) done of total, runs done of total, elapsed time and ETA.
+partitions (asset by day) done of total, runs done of total, elapsed time and ETA. Work
+launched on a deployment names its backfill and URL first, and the bar follows Dagster's
+counts (its runs are planned by Dagster, not by `runner.plan_work`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from backfill_platform.runner import RangeRun, RunReport, RunSpec
+from backfill_platform.runner import BackfillProgress, RangeRun, RunReport, RunSpec
 from backfill_platform.settings import SettingError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +120,7 @@ class RunProgress:
         self.plan: Sequence[RunSpec] = ()
         self.done = 0
         self.failed: RangeRun | None = None
+        self.deployed: BackfillProgress | None = None  # set once work runs on a deployment
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -127,7 +130,7 @@ class RunProgress:
 
     def planned(self, plan: Sequence[RunSpec], trigger: str) -> None:
         self.close()
-        self.plan, self.done, self.failed = list(plan), 0, None
+        self.plan, self.done, self.failed, self.deployed = list(plan), 0, None, None
         self.bar = tqdm(
             total=sum(self.size(spec) for spec in self.plan),
             desc=self.labels.get(trigger, trigger),
@@ -142,8 +145,27 @@ class RunProgress:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
 
-    def ran(self, run: RangeRun) -> None:
+    def launched(self, backfill_id: str, url: str) -> None:
+        if self.bar is None:  # following a backfill no plan of ours launched (retry)
+            self.planned([], "backfill")
+        self.deployed = BackfillProgress(0, 0, 0, 0, 0)
+        message = f"backfill {backfill_id} launched: {url}"
         if self.bar is None:
+            print(message, file=self.stream)
+        else:
+            self.bar.write(message, file=self.stream)
+
+    def progressed(self, progress: BackfillProgress) -> None:
+        self.deployed = progress
+        if self.bar is None:
+            return
+        if progress.partitions_total:
+            self.bar.total = progress.partitions_total
+        self.bar.n = progress.partitions_done
+        self._describe()
+
+    def ran(self, run: RangeRun) -> None:
+        if self.bar is None or self.deployed is not None:
             return
         spec = self.plan[self.done]
         self.done += 1
@@ -165,6 +187,13 @@ class RunProgress:
             self.bar = None
 
     def _describe(self) -> None:
+        if self.deployed is not None:
+            done = self.deployed
+            failed = f", {done.partitions_failed} FAILED" if done.partitions_failed else ""
+            self.bar.set_postfix_str(
+                f"{done.runs_done}/{done.runs_total} runs{failed}", refresh=True
+            )
+            return
         total = len(self.plan)
         if self.failed is not None:
             text = f"run {self.done}/{total} FAILED"

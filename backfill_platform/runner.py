@@ -4,15 +4,17 @@ after a cutover, the stale-day repair, tests and benchmarks all go through `run_
 Work is "these partitions of these assets". `plan_work` turns it into ranged runs ordered by
 the asset graph (`Lineage.stages`: a stage covers the whole range before the next starts,
 because staging reads raw's later ingest days; inside a stage, chunks run oldest first, as
-the self-dependent LTV requires). An `Executor` carries the runs out. Today's executor runs
-them in this process through `materialize()` (real Dagster runs, recorded in the instance,
-one Spark session for all); one that submits the same plan to a running deployment's queue
-can be added behind the same interface without touching callers.
+the self-dependent LTV requires). An `Executor` carries the runs out: `InProcessExecutor`
+runs them in this process through `materialize()` (real Dagster runs, recorded in the
+instance, one Spark session for all); `deployment.DeploymentExecutor` submits the same work
+to a running deployment as one Dagster asset backfill (queue, pools, run retries, the
+Backfills page) and follows it.
 
-The failure rule, everywhere: **stop at the first failed run** and report it; later runs
+The failure rule in process: **stop at the first failed run** and report it; later runs
 read what the failed one should have written, so running them would only spread the
-failure. Nothing raises for a failed run; callers turn `RunReport.success` into their
-exit status (or `raise_for_failure()`).
+failure. (On a deployment Dagster's backfill applies the same rule per partition: it does
+not materialize what depends on a failed partition.) Nothing raises for a failed run;
+callers turn `RunReport.success` into their exit status (or `raise_for_failure()`).
 
 A command line shows progress without threading a callback through every operation:
 `with observing(observer):` makes every `run_work` in the block tell the observer its plan,
@@ -79,13 +81,23 @@ class RangeRun:
     assets: tuple[str, ...] = ()
 
 
+# A Dagster backfill's final status when all of it succeeded.
+BACKFILL_SUCCEEDED = "COMPLETED_SUCCESS"
+
+
 @dataclass
 class RunReport:
     runs: list[RangeRun] = field(default_factory=list)
     not_run: list[RunSpec] = field(default_factory=list)
+    # Set when the work ran as a Dagster asset backfill on a deployment.
+    backfill_id: str | None = None
+    backfill_url: str | None = None
+    outcome: str | None = None  # the backfill's final status, e.g. COMPLETED_SUCCESS
 
     @property
     def success(self) -> bool:
+        if self.outcome is not None:  # a deployment's backfill: a run retried into success
+            return self.outcome == BACKFILL_SUCCEEDED  # leaves its failed attempt in `runs`
         return all(r.success for r in self.runs) and not self.not_run
 
     @property
@@ -96,6 +108,8 @@ class RunReport:
         if not self.success:
             failed = next((r for r in self.runs if not r.success), None)
             where = f"run {failed.run_id} ({failed.first_key}..{failed.last_key})" if failed else ""
+            if self.backfill_id and not failed:
+                where = f"backfill {self.backfill_id} ended {self.outcome}"
             raise BackfillFailed(
                 f"{where} failed; {len(self.not_run)} later run(s) not started. "
                 "Fix the cause and run the same range again: finished runs are idempotent."
@@ -118,6 +132,17 @@ class Executor(Protocol):
     ) -> RunReport: ...
 
 
+@dataclass(frozen=True)
+class BackfillProgress:
+    """Where a deployment's asset backfill stands: partitions (asset by day) and runs."""
+
+    partitions_done: int
+    partitions_total: int
+    partitions_failed: int
+    runs_done: int
+    runs_total: int
+
+
 class RunObserver(Protocol):
     """Told about the work `run_work` does while it is installed with `observing`."""
 
@@ -126,6 +151,11 @@ class RunObserver(Protocol):
     def ran(self, run: RangeRun) -> None: ...
 
     def finished(self, report: RunReport | None) -> None: ...
+
+    # Only a deployment executor calls these: its runs are Dagster's, not the plan's.
+    def launched(self, backfill_id: str, url: str) -> None: ...
+
+    def progressed(self, progress: BackfillProgress) -> None: ...
 
 
 _OBSERVER: ContextVar[RunObserver | None] = ContextVar("backfill_run_observer", default=None)
@@ -139,6 +169,11 @@ def observing(observer: RunObserver) -> Iterator[RunObserver]:
         yield observer
     finally:
         _OBSERVER.reset(token)
+
+
+def current_observer() -> RunObserver | None:
+    """The observer installed by `observing`, for executors that report more than runs."""
+    return _OBSERVER.get()
 
 
 def range_tags(days: DayRange) -> dict[str, str]:
@@ -257,7 +292,17 @@ def run_work(
     on_run: Callable[[RangeRun], None] | None = None,
 ) -> RunReport:
     """Plan `work` and execute it; every run is tagged with why it ran."""
-    plan = plan_work(lineage, work, per_run)
+    return run_plan(executor, plan_work(lineage, work, per_run), trigger, tags, on_run)
+
+
+def run_plan(
+    executor: Executor,
+    plan: Sequence[RunSpec],
+    trigger: str,
+    tags: Mapping[str, str] | None = None,
+    on_run: Callable[[RangeRun], None] | None = None,
+) -> RunReport:
+    """Execute a plan made elsewhere, tagged and observed like `run_work`'s."""
     observer = _OBSERVER.get()
     if observer is None:
         return executor.execute(plan, {**(tags or {}), TRIGGER_TAG: trigger}, on_run)

@@ -42,6 +42,8 @@ CRM_LIVE_RESERVE = EnvVar("BACKFILL_CRM_LIVE_RESERVE")
 CRM_MAX_ATTEMPTS = EnvVar("BACKFILL_CRM_MAX_ATTEMPTS")
 # The SQLite file of the cross-process rate limiter; empty: beside the lakehouse root.
 CRM_LIMITER = EnvVar("BACKFILL_CRM_LIMITER")
+# The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
+DAGSTER_URL = EnvVar("DAGSTER_URL")
 
 DEFAULTS: dict[str, str] = {
     "BACKFILL_LANDING_DIR": "./data/landing",
@@ -73,6 +75,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_CRM_LIVE_RESERVE": "0.25",
     "BACKFILL_CRM_MAX_ATTEMPTS": "8",
     "BACKFILL_CRM_LIMITER": "",
+    "DAGSTER_URL": "http://127.0.0.1:3000",
 }
 
 

@@ -195,7 +195,7 @@ def test_stale_command_reports_exits_1_until_repaired_and_repairs_through_the_ru
         )
 
     monkeypatch.setattr(cli, "run_repair", run_repair)
-    assert cli.main(["stale", "--repair", "--json"]) == 0
+    assert cli.main(["stale", "--repair", "--in-process", "--json"]) == 0
     assert steps == report.plan()
     assert '"run_id": "r1"' in capsys.readouterr().out
     monkeypatch.setattr(cli, "detect", lambda lake: StalenessReport())

@@ -101,7 +101,8 @@ def run_cli(*argv) -> tuple[int, object]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = cli.main([*argv, "--json"])
+        in_process = ["--in-process"] if argv[0] in cli.DEPLOYED_COMMANDS else []
+        status = cli.main([*argv, *in_process, "--json"])
     return status, json.loads(out.getvalue())
 
 
@@ -488,3 +489,29 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     meta = lake.history("raw/orders", limit=1)[0]["metadata"]
     assert json.loads(meta["source_purge"])["reason"] == "GDPR erasure #7"
     assert platform.table("raw/orders").count() == 4
+
+
+@pytest.mark.slow
+def test_plain_backfill_command_in_process_tags_its_runs_and_refuses_a_bad_tag(ops_env):
+    """`backfill --in-process`: the selection plus what runs with it, tagged with trigger,
+    reason and --tag; the same argument checks as the other commands."""
+    platform = ops_env
+    deliver(platform)
+    status, payload = run_cli(
+        "backfill", "--select", "raw/orders,raw/fx_rates", "--start", DAYS[0], "--end", DAYS[1],
+        "--reason", "re-ingest", "--tag", "team=finance",
+    )  # fmt: skip
+    assert status == 0 and payload["backfill_id"] is None, payload
+    built = set(platform.resources["lakehouse"].built_partitions(RAW_ORDERS))
+    assert built >= {DAYS[0], DAYS[1]}
+    runs = [platform.instance.get_run_by_id(r["run_id"]) for r in payload["runs"]]
+    assert runs and all(
+        r.tags["backfill_platform/trigger"] == "backfill"
+        and r.tags["backfill_platform/reason"] == "re-ingest"
+        and r.tags["team"] == "finance"
+        for r in runs
+    )
+    status, refused = run_cli(
+        "backfill", "--select", "raw/orders", "--start", DAYS[1], "--end", DAYS[0]
+    )
+    assert status == 1 and refused["refused"] and "2024" in refused["error"]

@@ -13,7 +13,7 @@ from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
 from backfill_platform.automation.staleness import RepairStep
 from backfill_platform.lineage import Lineage
-from backfill_platform.runner import InProcessExecutor, RunReport, run_work
+from backfill_platform.runner import Executor, InProcessExecutor, RunReport, run_work
 
 # Tags the in-process repair's runs, as opposed to the sensor's "stale-repair" requests.
 REPAIR_TRIGGER = "stale-repair-cli"
@@ -34,10 +34,12 @@ def run_repair(
     assets: Sequence[AssetsDefinition],
     resources: Mapping[str, object],
     instance: DagsterInstance,
+    executor: Executor | None = None,
 ) -> RunReport:
-    """Execute the targeted backfill; stops at the first failed run and reports, never raises."""
+    """Execute the targeted backfill (in process unless `executor` is given, e.g. a
+    deployment's); stops at the first failed run and reports, never raises."""
     return run_work(
-        InProcessExecutor(assets, resources, instance),
+        executor or InProcessExecutor(assets, resources, instance),
         Lineage(assets),
         repair_work(steps),
         trigger=REPAIR_TRIGGER,

@@ -78,3 +78,14 @@ def check_retention_hours(hours: object) -> float:
             f"--retention-hours {hours!r}: give a finite number of hours >= 0; nothing was touched"
         )
     return float(hours)
+
+
+def check_tags(texts: Iterable[str]) -> dict[str, str]:
+    """`--tag KEY=VALUE` options as run tags (e.g. `dagster/max_retries=0`)."""
+    tags = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgument(f"--tag {text!r}: give KEY=VALUE, e.g. dagster/max_retries=0")
+        tags[key.strip()] = value
+    return tags

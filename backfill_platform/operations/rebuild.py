@@ -15,7 +15,7 @@ from dagster import AssetKey, AssetsDefinition, DagsterInstance
 
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.ranges import DayRange
-from backfill_platform.runner import InProcessExecutor, run_work
+from backfill_platform.runner import Executor, InProcessExecutor, RunReport, run_work
 
 CUTOVER_TAG = "backfill_platform/cutover_id"
 
@@ -51,17 +51,22 @@ def rebuild_downstream(
     cutover_id: str,
     lineage: Lineage | None = None,
     per_run: int | None = None,
-) -> list[RebuildRun]:
+    executor: Executor | None = None,
+) -> RunReport:
+    """The rebuild's report (in process by default; `executor` e.g. a deployment's)."""
     lineage = lineage or Lineage(assets)
     work = downstream_work(resources["lakehouse"], lineage, selection, first, last)
-    report = run_work(
-        InProcessExecutor(assets, resources, instance),
+    return run_work(
+        executor or InProcessExecutor(assets, resources, instance),
         lineage,
         work,
         trigger="cutover-downstream-rebuild",
         tags={CUTOVER_TAG: cutover_id},
         per_run=per_run,
     )
+
+
+def rebuild_runs(report: RunReport) -> list[RebuildRun]:
     return [
         RebuildRun(list(r.assets), r.first_key, r.last_key, r.run_id, r.success)
         for r in report.runs

@@ -168,7 +168,8 @@ def production(tmp_path_factory, spark):
 def run_cli(argv: list[str]) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = cli.main(argv)
+        in_process = ["--in-process"] if argv[0] in cli.DEPLOYED_COMMANDS else []
+        status = cli.main([*argv, *in_process])
     return status, out.getvalue()
 
 
