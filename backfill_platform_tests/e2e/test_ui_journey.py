@@ -174,9 +174,11 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         driver.save_screenshot(str(SHOTS / "1-lineage.png"))
         # The production graph: shadow twins (group `shadow`) only run from the playbook,
         # with the suffix tag, and refuse a run without it.
-        search = driver.find_element("css selector", "input[placeholder*='filter assets']")
-        search.click()
-        search.send_keys(PRODUCTION, Keys.ENTER)
+        driver.find_element("css selector", ".CodeMirror").click()  # "Search and filter"
+        search = driver.find_element("css selector", ".CodeMirror textarea")
+        search.send_keys(PRODUCTION)
+        search.send_keys(Keys.ENTER)
+        search.send_keys(Keys.ESCAPE)
         _wait_text(driver, f"Materialize all ({len(TABLE_NAMES)})")
         _click(driver, "Materialize all")
         _wait_text(driver, "Partition selection")
