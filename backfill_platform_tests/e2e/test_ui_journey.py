@@ -283,3 +283,55 @@ def _days_with(ranges: list[dict], status: str) -> set[str]:
         if r["status"] == status:
             days.update(_days(date.fromisoformat(r["startKey"]), date.fromisoformat(r["endKey"])))
     return days
+
+
+def test_a_shadow_from_the_cli_is_a_backfill_of_shadow_assets_in_the_ui(journey):
+    """`backfill-platform shadow` against the running deployment: one asset backfill of the
+    `shadow/...` twins, queued and run by the daemon, on the Backfills page; production's
+    latest materialization does not move."""
+    import subprocess
+    import sys
+
+    from dagster import DagsterInstance
+
+    from backfill_platform_tests.e2e.services import REPO_ROOT
+
+    dagster = journey.dagster
+    instance = DagsterInstance.from_config(str(dagster.home))
+    before = instance.get_latest_materialization_event(FCT_DAILY_REVENUE)
+    first, last = CHOSEN[0].isoformat(), CHOSEN[1].isoformat()
+    argv = ["shadow", "--select", FCT_DAILY_REVENUE.to_user_string()]
+    argv += ["--start", first, "--end", last, "--suffix", "tour", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "backfill_platform", *argv],
+        cwd=REPO_ROOT,
+        env={**dagster.env, "DAGSTER_URL": dagster.url},
+        capture_output=True,
+        text=True,
+        timeout=BACKFILL_TIMEOUT,
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    payload = json.loads(done.stdout)
+    backfill_id = payload["backfill_id"]
+    backfills = {b["id"]: b for b in _backfills(dagster)}
+    assert backfills[backfill_id]["status"] in ("COMPLETED", "COMPLETED_SUCCESS")
+    targets = [
+        "/".join(s["assetKey"]["path"])
+        for s in dagster.graphql(SHADOW_TARGETS, {"id": backfill_id})["partitionBackfillOrError"][
+            "assetBackfillData"
+        ]["assetBackfillStatuses"]
+    ]
+    assert targets and all(t.startswith("shadow/") for t in targets), targets
+    after = instance.get_latest_materialization_event(FCT_DAILY_REVENUE)
+    assert after.storage_id == before.storage_id  # production was not rebuilt
+    with chromium() as driver:
+        open_page(driver, f"{dagster.url}/runs/b/{backfill_id}", ["Succeeded", "shadow / "])
+        driver.save_screenshot(str(SHOTS / "7-shadow-backfill.png"))
+
+
+SHADOW_TARGETS = """
+query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  ... on PartitionBackfill { assetBackfillData { assetBackfillStatuses {
+    ... on AssetPartitionsStatusCounts { assetKey { path } }
+  } } } } }
+"""
