@@ -111,10 +111,12 @@ def test_injected_5xx_and_dropped_connections_are_retried(tmp_path):
 
 def test_a_customer_failing_every_attempt_is_named(tmp_path):
     data = write_crm(tmp_path / "crm", HISTORIES)
-    with start_crm_server(data, token=TOKEN, rate=100, extra=["--error-rate", "1"]) as crm:
-        with pytest.raises(CrmError, match=r"customer '客户 42' failed after 3 attempts"):
-            client(crm.url, tmp_path, max_attempts=3).fetch(["客户 42"])
-        assert crm.metrics()["by_status"] == {"503": 3}
+    with start_crm_server(data, token=TOKEN, rate=100, extra=["--fail-id", "客户 42"]) as crm:
+        with pytest.raises(CrmError, match=r"customer '客户 42' failed after 3 attempts") as error:
+            client(crm.url, tmp_path, max_attempts=3).fetch(["a/b c", "客户 42", "future"])
+        assert crm.metrics()["by_status"] == {"200": 1, "503": 3}
+    # What was received before the failure is handed back to be kept; nothing after it.
+    assert [(a.customer_id, a.status) for a in error.value.answers] == [("a/b c", 200)]
 
 
 def test_a_missing_or_wrong_token_fails_clearly_without_printing_it(tmp_path):
