@@ -371,3 +371,40 @@ def test_crm_checks_pass_then_catch_broken_versions_and_totals(platform, tmp_pat
     assert "not exactly one open version: 'edge'" in scd2.description
     totals = found["marts/fct_revenue_by_segment:segments_match_daily_revenue"]
     assert not totals.passed and totals.description.startswith("2024-01-01: segments (2, 1, ")
+
+
+@pytest.mark.slow
+def test_a_failing_customer_fails_the_run_by_name_and_a_retry_calls_only_it(platform, tmp_path):
+    day = "2024-01-01"
+    platform.write_orders(
+        day,
+        [
+            order_line("o1", "2024-01-01T10:00:00Z", customer_id="edge", amount="10.00"),
+            order_line("o2", "2024-01-01T11:00:00Z", customer_id="ghost", amount="20.00"),
+            order_line("o3", "2024-01-01T12:00:00Z", customer_id="newbie", amount="30.00"),
+        ],
+    )
+    data = write_crm(tmp_path / "crm", EDGE)
+    log = tmp_path / "requests.jsonl"
+    failing = ["--fail-id", "newbie"]
+    with start_crm_server(data, token=TOKEN, rate=50, log=log, extra=failing) as crm:
+        platform.resources["crm"] = client(crm.url, tmp_path, max_attempts=2)
+        failed = platform.materialize(day, raise_on_error=False)
+    assert not failed.success
+    errors = [e.event_specific_data.error.message for e in failed.all_events if e.is_step_failure]
+    assert any("customer 'newbie' failed after 2 attempts" in m for m in errors), errors
+    lake = platform.resources["lakehouse"]
+    assert not lake.exists("marts/fct_revenue_by_segment")  # nothing written for the day
+    kept = sorted(
+        (r["customer_id"], r["http_status"]) for r in platform.rows("raw/crm_customer_history")
+    )
+    assert kept == [("edge", 200), ("ghost", 404)]  # answers before the failure are kept
+    assert day not in lake.built_partitions("raw/crm_customer_history")
+
+    with start_crm_server(data, token=TOKEN, rate=50, log=tmp_path / "again.jsonl") as crm:
+        platform.resources["crm"] = client(crm.url, tmp_path)
+        assert platform.materialize(day).success
+        called = [e["customer_id"] for e in crm.requests()]
+    assert called == ["newbie"]
+    segments = {r["segment"] for r in platform.rows("marts/fct_revenue_by_segment")}
+    assert segments == {"smb", "unknown"}  # edge: smb from 10:00Z; ghost 404; newbie later
