@@ -213,7 +213,8 @@ def _by_key(rows) -> dict:
 
 
 @pytest.mark.slow
-def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path):
+def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKFILL_CRM_RATE_LIMIT", "20")  # the plan's share: 15/s
     day1, day2 = "2024-01-01", "2024-01-02"
     lines = [
         order_line("o1", "2024-01-01T12:00:00+02:00", customer_id="edge", amount="10.00"),
