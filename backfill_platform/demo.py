@@ -28,7 +28,12 @@ from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
-from backfill_platform.reconcile import fingerprints, reconcile_marts, table_counts
+from backfill_platform.reconcile import (
+    fingerprints,
+    reconcile_marts,
+    reconcile_segments,
+    table_counts,
+)
 from backfill_platform.runner import InProcessExecutor, observing, run_range
 from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, SettingError, setting
 from backfill_platform.sources.crm_data import generate_crm
@@ -174,10 +179,14 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     lake = resources["lakehouse"]
     print("rows per table:")
     for name, rows in table_counts(lake).items():
-        print(f"  {name:<26} {rows:>10,}")
+        print(f"  {name:<30} {rows:>10,}")
     result = reconcile_marts(lake, landing, days.first_day, days.last_day)
+    segments_ok, segments = reconcile_segments(
+        lake, landing, crm_data, days.first_day, days.last_day
+    )
+    result.ok = result.ok and segments_ok
     print(f"marts reconcile with the contract's answer: {'YES' if result.ok else 'NO'}")
-    for line in result.details:
+    for line in [*result.details, segments]:
         print(f"  {line}")
 
     prints = {"days": str(days), "tables": fingerprints(lake)}

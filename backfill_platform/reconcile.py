@@ -9,6 +9,7 @@ tests use it: the oracle is how they judge the platform, so the platform never r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
@@ -17,9 +18,19 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from backfill_platform.ranges import DayRange
-from backfill_platform.reference import ContractAnswer, compute_contract_answer, ltv_daily_totals
+from backfill_platform.reference import (
+    ContractAnswer,
+    compute_contract_answer,
+    ltv_daily_totals,
+    revenue_by_segment,
+)
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, TABLE_NAMES
+from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
+    FCT_REVENUE_BY_SEGMENT,
+    TABLE_NAMES,
+)
 
 
 @dataclass
@@ -113,3 +124,27 @@ def reconcile_marts(
     if answer.fx_errors:
         details.append(f"contract FX errors (days that must fail): {answer.fx_errors[:5]}")
     return Reconciliation(ok=not fct_diff and not ltv_diff, details=details)
+
+
+def reconcile_segments(
+    lake: LakehouseResource, landing: Path, crm_data: Path, first_day: date, last_day: date
+) -> tuple[bool, str]:
+    """marts/fct_revenue_by_segment row by row vs the contract computed from the landing
+    files and the demo CRM's data (the oracle may read it; the platform never does)."""
+    answer = compute_contract_answer(landing, first_date=first_day, last_date=last_day)
+    histories = json.loads((Path(crm_data) / "customers.json").read_text(encoding="utf-8"))
+    expected = revenue_by_segment(answer, histories["customers"])
+    days = DayRange.of_days(first_day, last_day)
+    got = {
+        (r["event_date"], r["segment"], r["country"]): (
+            r["orders"],
+            r["paid_orders"],
+            r["revenue_usd"],
+        )
+        for r in lake.read_partitions(FCT_REVENUE_BY_SEGMENT, days.start, days.end).collect()
+    }
+    differing = sorted(set(got.items()) ^ set(expected.items()), key=str)
+    return not differing, (
+        f"fct_revenue_by_segment: {len(got)} rows, {len(expected)} expected, "
+        f"{len(differing)} differing"
+    )

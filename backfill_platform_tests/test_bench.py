@@ -45,5 +45,5 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
     out = capsys.readouterr().out
     assert "| platform: full backfill" in out and "CRM: the full backfill made" in out
-    # a progress bar per backfill, named by its phase: partitions and runs done of total
-    assert re.search(r"platform: 100%\|.*\| 18/18 partitions, 2/2 runs", out)
+    # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
+    assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)

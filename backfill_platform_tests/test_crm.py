@@ -111,10 +111,12 @@ def test_injected_5xx_and_dropped_connections_are_retried(tmp_path):
 
 def test_a_customer_failing_every_attempt_is_named(tmp_path):
     data = write_crm(tmp_path / "crm", HISTORIES)
-    with start_crm_server(data, token=TOKEN, rate=100, extra=["--error-rate", "1"]) as crm:
-        with pytest.raises(CrmError, match=r"customer '客户 42' failed after 3 attempts"):
-            client(crm.url, tmp_path, max_attempts=3).fetch(["客户 42"])
-        assert crm.metrics()["by_status"] == {"503": 3}
+    with start_crm_server(data, token=TOKEN, rate=100, extra=["--fail-id", "客户 42"]) as crm:
+        with pytest.raises(CrmError, match=r"customer '客户 42' failed after 3 attempts") as error:
+            client(crm.url, tmp_path, max_attempts=3).fetch(["a/b c", "客户 42", "future"])
+        assert crm.metrics()["by_status"] == {"200": 1, "503": 3}
+    # What was received before the failure is handed back to be kept; nothing after it.
+    assert [(a.customer_id, a.status) for a in error.value.answers] == [("a/b c", 200)]
 
 
 def test_a_missing_or_wrong_token_fails_clearly_without_printing_it(tmp_path):
@@ -211,7 +213,8 @@ def _by_key(rows) -> dict:
 
 
 @pytest.mark.slow
-def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path):
+def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKFILL_CRM_RATE_LIMIT", "20")  # the plan's share: 15/s
     day1, day2 = "2024-01-01", "2024-01-02"
     lines = [
         order_line("o1", "2024-01-01T12:00:00+02:00", customer_id="edge", amount="10.00"),
@@ -376,3 +379,40 @@ def test_crm_checks_pass_then_catch_broken_versions_and_totals(platform, tmp_pat
     assert not per_day[day1].passed and per_day[day2].passed
     assert f"FAIL {day1}: expected daily (1, 1, " in per_day[day1].description
     assert "got segments (2, 1, " in per_day[day1].description
+
+
+@pytest.mark.slow
+def test_a_failing_customer_fails_the_run_by_name_and_a_retry_calls_only_it(platform, tmp_path):
+    day = "2024-01-01"
+    platform.write_orders(
+        day,
+        [
+            order_line("o1", "2024-01-01T10:00:00Z", customer_id="edge", amount="10.00"),
+            order_line("o2", "2024-01-01T11:00:00Z", customer_id="ghost", amount="20.00"),
+            order_line("o3", "2024-01-01T12:00:00Z", customer_id="newbie", amount="30.00"),
+        ],
+    )
+    data = write_crm(tmp_path / "crm", EDGE)
+    log = tmp_path / "requests.jsonl"
+    failing = ["--fail-id", "newbie"]
+    with start_crm_server(data, token=TOKEN, rate=50, log=log, extra=failing) as crm:
+        platform.resources["crm"] = client(crm.url, tmp_path, max_attempts=2)
+        failed = platform.materialize(day, raise_on_error=False)
+    assert not failed.success
+    errors = [e.event_specific_data.error.message for e in failed.all_events if e.is_step_failure]
+    assert any("customer 'newbie' failed after 2 attempts" in m for m in errors), errors
+    lake = platform.resources["lakehouse"]
+    assert not lake.exists("marts/fct_revenue_by_segment")  # nothing written for the day
+    kept = sorted(
+        (r["customer_id"], r["http_status"]) for r in platform.rows("raw/crm_customer_history")
+    )
+    assert kept == [("edge", 200), ("ghost", 404)]  # answers before the failure are kept
+    assert day not in lake.built_partitions("raw/crm_customer_history")
+
+    with start_crm_server(data, token=TOKEN, rate=50, log=tmp_path / "again.jsonl") as crm:
+        platform.resources["crm"] = client(crm.url, tmp_path)
+        assert platform.materialize(day).success
+        called = [e["customer_id"] for e in crm.requests()]
+    assert called == ["newbie"]
+    segments = {r["segment"] for r in platform.rows("marts/fct_revenue_by_segment")}
+    assert segments == {"smb", "unknown"}  # edge: smb from 10:00Z; ghost 404; newbie later

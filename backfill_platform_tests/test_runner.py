@@ -24,8 +24,11 @@ from backfill_platform.runner import (
 from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
+    FCT_REVENUE_BY_SEGMENT,
+    RAW_CRM_HISTORY,
     RAW_FX_RATES,
     RAW_ORDERS,
+    STAGING_CUSTOMERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
@@ -71,7 +74,16 @@ def test_ranges_of_groups_consecutive_days_from_dagster_subsets():
 def test_stages_put_raw_first_because_staging_reads_later_ingest_days():
     assert LINEAGE.stages(LINEAGE.toposorted()) == [
         [RAW_FX_RATES, RAW_ORDERS],
-        [STAGING_ORDERS, STAGING_REJECTS, CUSTOMER_LTV, FCT_DAILY_REVENUE],
+        [
+            STAGING_ORDERS,
+            STAGING_REJECTS,
+            CUSTOMER_LTV,
+            FCT_DAILY_REVENUE,
+            # the CRM's tables (docs/crm.md): its raw table reads staging/orders
+            RAW_CRM_HISTORY,
+            STAGING_CUSTOMERS,
+            FCT_REVENUE_BY_SEGMENT,
+        ],
     ]
     # Selecting one output of the staging multi-asset brings its sibling along.
     assert LINEAGE.stages([STAGING_REJECTS]) == [[STAGING_ORDERS, STAGING_REJECTS]]
@@ -84,9 +96,9 @@ def test_plan_runs_each_stage_over_the_whole_range_then_chunks_the_next():
         (2, "2024-01-01..2024-01-02"),
         (2, "2024-01-03..2024-01-04"),
         (2, "2024-01-05..2024-01-05"),
-        (4, "2024-01-01..2024-01-02"),
-        (4, "2024-01-03..2024-01-04"),
-        (4, "2024-01-05..2024-01-05"),
+        (7, "2024-01-01..2024-01-02"),
+        (7, "2024-01-03..2024-01-04"),
+        (7, "2024-01-05..2024-01-05"),
     ]
 
 

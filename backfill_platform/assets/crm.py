@@ -102,7 +102,19 @@ def crm_customer_history(
     try:
         answers, stats = crm.fetch(needed, kind=kind, run_id=context.run_id)
     except CrmError as error:
+        if error.answers:  # answers received before the failure stay kept
+            _append(context, lakehouse, error.answers, covered=False)
         raise Failure(str(error)) from None
+    _append(context, lakehouse, answers)
+    if stats.throttled_429:
+        context.log.warning(f"the CRM answered 429 {stats.throttled_429} times to this run")
+    return MaterializeResult(metadata={"crm_kind": kind, **stats.metadata()})
+
+
+def _append(
+    context: AssetExecutionContext, lakehouse: LakehouseResource, answers, covered: bool = True
+) -> None:
+    """Keep answers; `covered=False` (a failed run's) stamps no event days on the commit."""
     rows = [
         (a.customer_id, a.fetched_at, a.fetched_at.astimezone(UTC).date(), a.status, a.body, run)
         for a in answers
@@ -112,12 +124,10 @@ def crm_customer_history(
         "_loaded_at", F.current_timestamp()
     )
     # Appended even when empty: the commit records the event days this run covered.
-    lakehouse.append(
-        RAW_CRM_HISTORY, df, "fetched_date", covered_days(context, context.run_id, RAW_CRM_HISTORY)
-    )
-    if stats.throttled_429:
-        context.log.warning(f"the CRM answered 429 {stats.throttled_429} times to this run")
-    return MaterializeResult(metadata={"crm_kind": kind, **stats.metadata()})
+    metadata = covered_days(context, context.run_id, RAW_CRM_HISTORY)
+    if not covered:
+        metadata = {k: v for k, v in metadata.items() if not k.startswith("partition_")}
+    lakehouse.append(RAW_CRM_HISTORY, df, "fetched_date", metadata)
 
 
 @asset(

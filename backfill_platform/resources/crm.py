@@ -33,7 +33,12 @@ TOKEN_SETTING = "BACKFILL_CRM_TOKEN"
 
 
 class CrmError(Exception):
-    """The CRM could not be used; the message names the customer or the setting."""
+    """The CRM could not be used; the message names the customer or the setting.
+
+    `answers` holds what the same call received before it failed: valid answers the
+    caller may keep, so a retry of the run does not ask for them again."""
+
+    answers: tuple[CrmAnswer, ...] = ()  # set by `fetch` on the instance it raises
 
 
 class CrmAuthError(CrmError):
@@ -148,7 +153,11 @@ class CrmResource(ConfigurableResource):
                 }
             )
             for customer in customer_ids:
-                answers.append(self._fetch_one(session, limiter, customer, kind, stats))
+                try:
+                    answers.append(self._fetch_one(session, limiter, customer, kind, stats))
+                except CrmError as error:
+                    error.answers = tuple(answers)
+                    raise
         stats.customers = len(answers)
         stats.elapsed_seconds = time.monotonic() - started
         return answers, stats

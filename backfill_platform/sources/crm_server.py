@@ -6,9 +6,10 @@
 `--token-env`. It admits at most `--rate` requests in every window of one second (a
 sliding window over admission instants) and answers the rest 429 with `Retry-After`;
 429s have no effect and are not counted as admitted. For tests it can inject 5xx answers,
-slow answers (client timeouts) and dropped connections. Every request is logged (JSON
-lines, `--log`) and `GET /metrics` reports requests, admissions, 429s and the peak of
-admitted requests in any one-second window. The platform never reads this server's files.
+slow answers (client timeouts), dropped connections and customers that always fail.
+Every request is logged (JSON lines, `--log`) and `GET /metrics` reports requests,
+admissions, 429s and the peak of admitted requests in any one-second window. The
+platform never reads this server's files.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def _handler(state: CrmState):
                 return 404
             customer = unquote(segment, encoding="utf-8", errors="strict")
             entry["customer_id"] = customer
-            fault = state.fault()
+            fault = "error" if customer in state.faults.get("fail_ids", ()) else state.fault()
             if fault == "error":
                 self._send(503, {"error": "injected failure"})
                 return 503
@@ -198,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-rate", type=float, default=0.0, help="share answered late")
     parser.add_argument("--slow-seconds", type=float, default=5.0)
     parser.add_argument("--fault-seed", type=int, default=0)
+    parser.add_argument(
+        "--fail-id", action="append", default=[], help="always answer 503 for this customer"
+    )
     args = parser.parse_args(argv)
     token = os.environ.get(args.token_env, "")
     if not token:
@@ -212,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "slow": args.slow_rate,
         "slow_seconds": args.slow_seconds,
         "seed": args.fault_seed,
+        "fail_ids": frozenset(args.fail_id),
     }
     state = CrmState(load_histories(args.data), token, args.rate, faults, args.log)
     server = ThreadingHTTPServer((args.host, args.port), _handler(state))
