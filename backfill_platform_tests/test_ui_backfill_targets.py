@@ -16,13 +16,13 @@ from backfill_platform.assets.reference import FX_CURRENCIES, observe_currencies
 from backfill_platform.automation.stale_sensor import stale_partitions_sensor
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LandingZoneResource
-from backfill_platform.tables import RAW_ORDERS
+from backfill_platform.tables import RAW_ORDERS, SHADOW_GROUP
 
 FIRST, LAST = "2025-01-01", "2025-12-31"
 D = "2025-06-10"
 
 ASSET_KEYS = """
-query AssetKeys { assetNodes { assetKey { path } isMaterializable isPartitioned } }
+query AssetKeys { assetNodes { assetKey { path } groupName isMaterializable isPartitioned } }
 """
 
 LAUNCH = """
@@ -54,9 +54,14 @@ query Targeted($id: String!, $key: AssetKeyInput!) {
 
 
 def launch_ui_backfill(context, first: str, last: str) -> tuple[str, list[dict]]:
-    """The UI's mutation: every materializable asset, `partitionNames` first..last."""
+    """The UI's mutation: every materializable production asset (the lineage filtered with
+    `not group:shadow`, docs/tour.md), `partitionNames` first..last."""
     nodes = execute_dagster_graphql(context, ASSET_KEYS).data["assetNodes"]
-    selection = [{"path": n["assetKey"]["path"]} for n in nodes if n["isMaterializable"]]
+    selection = [
+        {"path": n["assetKey"]["path"]}
+        for n in nodes
+        if n["isMaterializable"] and n["groupName"] != SHADOW_GROUP
+    ]
     params = {
         "assetSelection": selection,
         "partitionNames": DayRange(first, last).partition_keys(),
@@ -118,6 +123,11 @@ def test_ui_backfill_of_three_days_targets_only_their_lineage(workspace):
         "staging/orders_rejects": ("2025-05-31", "2025-06-12"),
         "marts/fct_daily_revenue": ("2025-05-31", "2025-06-19"),
         "marts/customer_ltv": ("2025-05-31", "2025-06-19"),
+        # The CRM's tables follow staging's days (customers of those orders), the segment
+        # mart the daily revenue's.
+        "raw/crm_customer_history": ("2025-05-31", "2025-06-12"),
+        "staging/customers": ("2025-05-31", "2025-06-12"),
+        "marts/fct_revenue_by_segment": ("2025-05-31", "2025-06-19"),
     }
     assert {name: ranges for name, (_, ranges) in targets.items()} == {
         name: [span] for name, span in expected.items()
