@@ -61,6 +61,7 @@ def launch_shadow(
     result = ShadowResult(
         suffix=suffix,
         tables={k.to_user_string(): shadow_name(k.to_user_string(), suffix) for k in keys},
+        assets=[shadow_key(k).to_user_string() for k in keys],
         start=days.first,
         end=days.last,
         run_ids=report.run_ids,
