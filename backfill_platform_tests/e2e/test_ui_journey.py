@@ -38,6 +38,7 @@ LATE_ARRIVAL_DAYS = 10  # assets/common.LATE_ARRIVAL_LINEAGE_DAYS
 FX_REACH_DAYS = 7  # transforms/fx.REACH_DAYS
 NULL_SPIKE = "null_rate_within_trailing_bounds"
 DRIFT = "drift_vs_previous_version"
+FCT_RECONCILIATION = "matches_staging_orders"
 # customer_id_skew also warns on every day at 12 orders a day (top key share > 10%).
 BLOCKING_STAGING = ("order_id_unique", "required_columns_not_null", "accounts_for_every_raw_row")
 PRODUCTION = "not group:shadow"  # the lineage filter, in Dagster's selection syntax
@@ -216,21 +217,16 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         open_page(
             driver,
             f"{dagster.url}/assets/{FCT_DAILY_REVENUE.to_user_string()}?view=checks",
-            ["Checks"],
+            [FCT_RECONCILIATION],
         )
+        _show_partitions(driver, FCT_RECONCILIATION)
         driver.save_screenshot(str(SHOTS / "5-fct-checks.png"))
         open_page(
             driver,
             f"{dagster.url}/assets/{STAGING_ORDERS.to_user_string()}?view=checks",
             [NULL_SPIKE],
         )
-        # The NULL-rate check's per-partition view: which day failed.
-        for item in driver.find_elements("xpath", f"//*[normalize-space()='{NULL_SPIKE}']"):
-            item.click()
-            break
-        for tab in driver.find_elements("xpath", "//button[normalize-space()='Partitions']"):
-            tab.click()
-        _wait_text(driver, GUEST_DAY)
+        _show_partitions(driver, NULL_SPIKE)  # which day failed
         driver.save_screenshot(str(SHOTS / "6-staging-checks.png"))
 
     built = _days(HISTORY[0], CHOSEN[1])
@@ -254,6 +250,16 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
             key.to_user_string(),
             dict(zip(built, statuses, strict=True)),
         )
+
+
+def _show_partitions(driver, check: str) -> None:
+    """Select `check` in the asset's Checks tab and open its per-partition view."""
+    for item in driver.find_elements("xpath", f"//*[normalize-space()='{check}']"):
+        item.click()
+        break
+    for tab in driver.find_elements("xpath", "//button[normalize-space()='Partitions']"):
+        tab.click()
+    _wait_text(driver, "Passed (")
 
 
 def _backfills(dagster) -> list[dict]:
