@@ -104,6 +104,10 @@ TABLES: tuple[Table, ...] = (
 # Raw tables fed by the CRM rather than the landing zone: they run after staging/orders.
 CRM_FED_RAW = (RAW_CRM_HISTORY,)
 TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
+# The tables whose partition is an event/ingest day replaced whole by the one write path (the
+# CRM history is appended by fetch day, staging/customers rebuilt whole): what "old or new,
+# never torn" is checked on.
+DAY_TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES if t.day_partitioned)
 LAYERS = ("raw", "staging", "marts")
 _BY_NAME = {t.name: t for t in TABLES}
 

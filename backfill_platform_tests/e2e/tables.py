@@ -28,8 +28,11 @@ def partition_fingerprints(lake: LakehouseResource) -> dict[str, dict[str, tuple
             result[name] = {}
             continue
         table = lake.delta_table(name)
-        (column,) = table.detail().first()["partitionColumns"]
+        columns = table.detail().first()["partitionColumns"]  # none: one "*" partition
         df = lake.read(name)
+        column = columns[0] if columns else "_whole_table"
+        if not columns:
+            df = df.withColumn(column, F.lit("*"))
         cols = sorted(c for c in df.columns if not c.startswith("_"))
         rows = (
             df.groupBy(column)

@@ -46,7 +46,7 @@ from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import backfill
 from backfill_platform.sources.generate import generate_landing
-from backfill_platform.tables import TABLE_NAMES, table
+from backfill_platform.tables import DAY_TABLE_NAMES, TABLE_NAMES, table
 from backfill_platform_tests.e2e.conftest import ALL_ASSETS, Deployment, start_deployment
 from backfill_platform_tests.e2e.services import (
     LAUNCH_BACKFILL,
@@ -196,7 +196,7 @@ class Stack:
 
     @property
     def targeted(self) -> set[tuple[str, str]]:
-        return {(t, k) for t in TABLE_NAMES for k in self.days.partition_keys()}
+        return {(t, k) for t in DAY_TABLE_NAMES for k in self.days.partition_keys()}
 
 
 @pytest.fixture(scope="module")
@@ -434,7 +434,7 @@ def tables_load(lake) -> list[str]:
 def duplicate_keys(lake) -> dict[str, int]:
     """Per table, (partition, key) pairs held by more than one row."""
     result = {}
-    for name in TABLE_NAMES:
+    for name in DAY_TABLE_NAMES:
         t = table(name)
         result[name] = (
             lake.read(name)
@@ -452,7 +452,7 @@ def compare(got: dict, expected: dict, before: dict | None = None) -> dict[str, 
     `before`, torn partitions: those equal to neither the state before nor the expected."""
     checked = lost = 0
     differing, torn = [], []
-    for name in TABLE_NAMES:
+    for name in DAY_TABLE_NAMES:
         keys = set(got.get(name, {})) | set(expected.get(name, {}))
         if before is not None:
             keys |= set(before.get(name, {}))
@@ -470,7 +470,7 @@ def compare(got: dict, expected: dict, before: dict | None = None) -> dict[str, 
 def coverage(lake, run_ids: set[str]) -> dict[tuple[str, str], list[tuple[str, int]]]:
     """(table, partition) -> the commits of these runs that wrote it: [(run id, version)]."""
     covered: dict[tuple[str, str], list[tuple[str, int]]] = {}
-    for name in TABLE_NAMES:
+    for name in DAY_TABLE_NAMES:
         for commit in lake.history(name):
             run_id = commit["metadata"].get("dagster_run_id")
             if run_id in run_ids:
