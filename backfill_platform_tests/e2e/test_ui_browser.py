@@ -49,7 +49,6 @@ def test_lineage_and_backfill_pages_render(deployment, first_backfill):
     ARTIFACTS.mkdir(exist_ok=True)
     dagster = deployment.dagster
     location = dagster.graphql(SENSORS)["repositoriesOrError"]["nodes"][0]["location"]["name"]
-    asset_names = [t.split("/")[1] for t in TABLE_NAMES]
 
     with chromium() as driver:
         # Global lineage: the three groups, in the sidebar tree and as graph nodes (with
