@@ -39,6 +39,31 @@ ALL_ASSETS = [name.split("/") for name in TABLE_NAMES]
 BACKFILL_TIMEOUT = 600
 
 
+# The modules that share the session deployment (fixtures `deployment`, `first_backfill`,
+# `scaled_out`) run in one pytest-xdist worker, so it starts once; every other module gets a
+# worker of its own. (xdist_group markers are not honoured with pytest 9, hence a scheduler.)
+SHARED_DEPLOYMENT_MODULES = {
+    "test_backfill_services.py",
+    "test_cli_deployment.py",
+    "test_scaled_out.py",
+    "test_ui_browser.py",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With `--dist loadgroup` (`make e2e`): one scope per deployment, not per test."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByDeployment(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "shared-deployment" if Path(module).name in SHARED_DEPLOYMENT_MODULES else module
+
+    return ByDeployment(config, log)
+
+
 def generated_landing(root: Path) -> Path:
     landing = root / "landing"
     generate_landing(landing, FIRST_DAY, LAST_DAY, ORDERS_PER_DAY, SEED, progress=False)
