@@ -28,14 +28,27 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert code == 0
     (result_file,) = tmp_path.glob("*.json")
     result = json.loads(result_file.read_text())
-    for key in ("floor", "platform", "rerun", "per_partition_extrapolated", "rolling_window"):
+    for key in (
+        "floor",
+        "plain_spark",
+        "duckdb",
+        "platform",
+        "rerun",
+        "per_partition_extrapolated",
+        "rolling_window",
+    ):
         assert result["seconds"][key] > 0
     assert set(result["ratios"]) >= {
         "platform_over_floor",
+        "platform_over_plain_spark",
+        "platform_over_duckdb",
         "per_partition_over_chunked",
         "rerun_over_first",
     }
     assert result["checks"]["rerun_rows_unchanged"] and result["checks"]["floor_equals_platform"]
+    # the independent anchors compute the platform's marts, row for row
+    assert result["checks"]["plain_spark_equals_platform"]
+    assert result["checks"]["duckdb_equals_platform"]
     assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
     assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
     crm = result["crm"]
@@ -45,5 +58,6 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
     out = capsys.readouterr().out
     assert "| platform: full backfill" in out and "CRM: the full backfill made" in out
+    assert "| DuckDB: the contract as SQL" in out and "| plain Spark: a hand-written" in out
     # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
     assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)

@@ -30,6 +30,11 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
         f"| floor: one bare Spark job, landing -> marts as Parquet (best of 2) | "
         f"{sec['floor']:.1f} | {rows_s['floor']:,} | {mem_of('floor_1')} | {jobs('floor_1')} |",
+        f"| plain Spark: a hand-written job without the platform's transforms | "
+        f"{sec['plain_spark']:.1f} | {rows_s['plain_spark']:,} | {mem_of('plain_spark')} | "
+        f"{jobs('plain_spark')} |",
+        f"| DuckDB: the contract as SQL on one machine, landing -> marts as Parquet | "
+        f"{sec['duckdb']:.1f} | {rows_s['duckdb']:,} | {mem_of('duckdb')} | |",
         f"| platform: full backfill through Dagster, empty lakehouse | {sec['platform']:.1f} | "
         f"{rows_s['platform']:,} | {mem_of('platform')} | {jobs('platform')} |",
         f"| re-run: the same backfill again (no row changed: "
@@ -81,6 +86,10 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         f"| floor and platform marts identical | yes | "
         f"{_yes(r['checks']['floor_equals_platform'])} | |",
+        f"| plain Spark and platform marts identical | yes | "
+        f"{_yes(r['checks']['plain_spark_equals_platform'])} | |",
+        f"| DuckDB and platform marts identical | yes | "
+        f"{_yes(r['checks']['duckdb_equals_platform'])} | |",
         "",
         *crm_lines,
         *([""] if crm_lines else []),
@@ -138,7 +147,9 @@ def chart(r: dict[str, Any], path: Path) -> None:
 
     sec = r["seconds"]
     bars = [
-        ("floor (bare Spark)", sec["floor"]),
+        ("DuckDB", sec["duckdb"]),
+        ("plain Spark job", sec["plain_spark"]),
+        ("floor (platform transforms)", sec["floor"]),
         ("platform backfill", sec["platform"]),
         ("re-run", sec["rerun"]),
         ("run per partition\n(warm session)", sec["per_partition_extrapolated_warm_session"]),
@@ -147,7 +158,16 @@ def chart(r: dict[str, Any], path: Path) -> None:
     ]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     labels, values = zip(*bars, strict=True)
-    colors = ["#888888", "#1f77b4", "#6baed6", "#fd8d3c", "#d94801", "#31a354"]
+    colors = [
+        "#444444",
+        "#666666",
+        "#888888",
+        "#1f77b4",
+        "#6baed6",
+        "#fd8d3c",
+        "#d94801",
+        "#31a354",
+    ]
     left.barh(labels, values, color=colors)
     left.set_xscale("log")
     left.invert_yaxis()
