@@ -108,7 +108,7 @@ test-fast: install
 # test-artifacts/reliability/ (see docs/reliability.md).
 reliability: install reliability-deps
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 --durations=15 \
-		-m reliability backfill_platform_tests/reliability
+		-n $(TEST_WORKERS) --dist loadfile -m reliability backfill_platform_tests/reliability
 	$(PY) -m backfill_platform_tests.reliability.report
 
 # customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).

@@ -30,12 +30,25 @@ COLUMNS = {
 }
 
 
+def _rows() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(ARTIFACTS.glob("*.json"))]
+
+
 def table() -> str:
-    rows = [json.loads(p.read_text()) for p in sorted(ARTIFACTS.glob("*.json"))]
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(get(r)) for get in COLUMNS.values()) + " |" for r in rows]
+    lines += ["| " + " | ".join(str(get(r)) for get in COLUMNS.values()) + " |" for r in _rows()]
+    return "\n".join(lines)
+
+
+def trials() -> str:
+    """One line per trial of the suites that run several (pytest-xdist workers print none)."""
+    lines = []
+    for row in _rows():
+        for detail in row.get("details", []):
+            flat = {k: v for k, v in detail.items() if not isinstance(v, (dict, list))}
+            lines.append(f"{row['suite']}: " + ", ".join(f"{k}={v}" for k, v in flat.items()))
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    sys.stdout.write(table() + "\n")
+    sys.stdout.write(table() + "\n\n" + trials() + "\n")
