@@ -35,8 +35,10 @@ LAST_DAY = date(2024, 1, 3)
 ORDERS_PER_DAY = 12
 SEED = 11
 ALL_ASSETS = [name.split("/") for name in TABLE_NAMES]
-# Generous: the machine is shared, each run starts a JVM, the backfill daemon ticks every 30 s.
-BACKFILL_TIMEOUT = 600
+# Generous: the machine is shared, each run starts a JVM, the backfill daemon ticks every 30 s,
+# and `make e2e` runs two deployments at once (the UI journey's 13-day backfill took 217 s
+# alone and passed 600 s when another CI job shared the 2 cores).
+BACKFILL_TIMEOUT = 900
 
 
 # The modules that share the session deployment (fixtures `deployment`, `first_backfill`,
