@@ -382,7 +382,7 @@ def _validate(session: Session, args) -> Outcome:
     keys = _correctable(session, args)
     validation = validate_shadow(
         session.lake,
-        session.resources["landing"].landing_dir,
+        session.resources["landing"],
         session.instance,
         keys,
         days.first,

@@ -12,6 +12,13 @@ START_DATE = EnvVar("BACKFILL_START_DATE")
 # Last daily partition (inclusive); empty: yesterday (UTC), the partitions grow every day.
 END_DATE = EnvVar("BACKFILL_END_DATE")
 SPARK_MASTER = EnvVar("SPARK_MASTER")
+# Object storage for `s3a://` lakehouse and landing roots (README "Deploying"). The keys are
+# handed to the resource as EnvVars, so Dagster shows the variable's name, never its value.
+S3_ENDPOINT = EnvVar("BACKFILL_S3_ENDPOINT")
+S3_REGION = EnvVar("BACKFILL_S3_REGION")
+S3_PATH_STYLE = EnvVar("BACKFILL_S3_PATH_STYLE")
+S3_ACCESS_KEY_ID = EnvVar("BACKFILL_S3_ACCESS_KEY_ID")
+S3_SECRET_ACCESS_KEY = EnvVar("BACKFILL_S3_SECRET_ACCESS_KEY")
 PARTITIONS_PER_RUN = EnvVar("BACKFILL_PARTITIONS_PER_RUN")
 SPARK_SHUFFLE_PARTITIONS = EnvVar("BACKFILL_SPARK_SHUFFLE_PARTITIONS")
 SPARK_DRIVER_MEMORY = EnvVar("BACKFILL_SPARK_DRIVER_MEMORY")
@@ -51,6 +58,11 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_START_DATE": "2023-01-01",
     "BACKFILL_END_DATE": "",
     "SPARK_MASTER": "local[*]",
+    "BACKFILL_S3_ENDPOINT": "",
+    "BACKFILL_S3_REGION": "us-east-1",
+    "BACKFILL_S3_PATH_STYLE": "false",
+    "BACKFILL_S3_ACCESS_KEY_ID": "",
+    "BACKFILL_S3_SECRET_ACCESS_KEY": "",
     "BACKFILL_PARTITIONS_PER_RUN": "92",
     "BACKFILL_SPARK_SHUFFLE_PARTITIONS": "4",
     "BACKFILL_SPARK_DRIVER_MEMORY": "3g",
@@ -109,6 +121,20 @@ def day_setting(var: EnvVar) -> date | None:
         return date.fromisoformat(text)
     except ValueError:
         raise SettingError(f"{var.env_var_name}={text!r}: not a day (YYYY-MM-DD)") from None
+
+
+def bool_setting(var: EnvVar) -> bool:
+    """`true` or `false` (any case), or `SettingError` naming it."""
+    text = setting(var).strip().lower()
+    if text not in ("true", "false"):
+        raise SettingError(f"{var.env_var_name}={text!r}: not true or false")
+    return text == "true"
+
+
+def secret_setting(var: EnvVar) -> EnvVar | str:
+    """The EnvVar itself when it is set (Dagster resolves it at run time and shows only its
+    name), else its default: the value never reaches definitions, the UI or a log."""
+    return var if var.get_value() else DEFAULTS[var.env_var_name]
 
 
 def fraction_setting(var: EnvVar) -> float:

@@ -15,7 +15,7 @@ from dagster_graphql.test.utils import define_out_of_process_context, execute_da
 from backfill_platform.assets.reference import FX_CURRENCIES, observe_currencies
 from backfill_platform.automation.stale_sensor import stale_partitions_sensor
 from backfill_platform.ranges import DayRange
-from backfill_platform.resources import LandingZoneResource
+from backfill_platform.resources import LandingZoneResource, SparkSessionResource
 from backfill_platform.tables import RAW_ORDERS, SHADOW_GROUP
 
 FIRST, LAST = "2025-01-01", "2025-12-31"
@@ -156,7 +156,9 @@ def test_no_staleness_audit_is_queued_behind_a_requested_backfill(workspace):
 def test_known_currencies_version_changes_only_when_a_currency_appears(tmp_path):
     """The reference node's data version (what Dagster's staleness compares) follows the
     set of codes with a valid rate line, not the FX deliveries."""
-    landing = LandingZoneResource(landing_dir=str(tmp_path / "landing"))
+    landing = LandingZoneResource(
+        landing_dir=str(tmp_path / "landing"), spark=SparkSessionResource()
+    )
 
     def deliver(day: str, body: str) -> dict:
         folder = tmp_path / "landing" / "fx_rates" / f"rate_date={day}"

@@ -635,7 +635,10 @@ class Bench:
 def _with_landing(resources: dict, landing: Path) -> dict:
     from backfill_platform.resources import LandingZoneResource
 
-    return {**resources, "landing": LandingZoneResource(landing_dir=str(landing))}
+    return {
+        **resources,
+        "landing": LandingZoneResource(landing_dir=str(landing), spark=resources["spark"]),
+    }
 
 
 def linear_fit(points: list[dict]) -> dict[str, float] | None:

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from backfill_platform.resources.landing import FX_RATES, ORDERS, LandingZoneResource
+from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.transforms.fx import parse_rates, with_usd
 from backfill_platform.transforms.lines import read_lines
 from backfill_platform.transforms.orders import latest_wins, parse_orders, with_unknown_currency
@@ -29,7 +30,7 @@ from backfill_platform.transforms.revenue import customer_ltv, daily_revenue
 
 def run_floor(spark: SparkSession, landing_dir: Path, days: list[date], out_dir: Path) -> None:
     """Both marts for `days` (consecutive, oldest first) as Parquet under out_dir."""
-    landing = LandingZoneResource(landing_dir=str(landing_dir))
+    landing = LandingZoneResource(landing_dir=str(landing_dir), spark=SparkSessionResource())
     keys = [d.isoformat() for d in days]
     rates = parse_rates(read_lines(spark, landing.files(FX_RATES, keys), "rate_date"))
     rates = rates.where(F.col("reject_reason").isNull()).persist()

@@ -46,8 +46,8 @@ def landing_currencies(landing: LandingZoneResource) -> list[str]:
     `known_currencies` finds once raw/fx_rates has ingested the files.
     """
     codes = {"USD"}
-    for path in landing.files(FX_RATES, landing.delivered_days(FX_RATES)):
-        text = path.read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace")
+    for file in landing.files(FX_RATES, landing.delivered_days(FX_RATES)):
+        text = landing.read_bytes(file).removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace")
         lines = [line.rstrip("\r") for line in text.split("\n") if line.strip(" \t\r")]
         for line in lines[1:]:  # the first non-blank line is the header
             fields = line.split(",")

@@ -42,9 +42,8 @@ def delivery_fingerprints(landing: LandingZoneResource) -> dict[str, str]:
             continue  # not a partition yet (today) or before the start: picked up later
         entries = []
         for kind in (ORDERS, FX_RATES):
-            for path in landing.files(kind, [day]):
-                stat = path.stat()
-                entries.append(f"{kind}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+            for file in landing.files(kind, [day]):
+                entries.append(f"{kind}/{file.name}:{file.size}:{file.modified_ns}")
         if entries:
             fingerprints[day] = hashlib.sha1("\n".join(entries).encode()).hexdigest()[:16]
     return fingerprints
@@ -62,7 +61,7 @@ def already_ingested(instance: DagsterInstance, landing: LandingZoneResource, da
         if not records:
             return False
         run = instance.get_run_record_by_id(records[0].run_id)
-        newest = max(p.stat().st_mtime for p in files)
+        newest = max(f.modified_ns for f in files) / 1e9
         if run is None or run.start_time is None or run.start_time <= newest:
             return False
     return True

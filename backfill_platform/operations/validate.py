@@ -14,7 +14,6 @@ import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from dagster import (
     AssetKey,
@@ -212,7 +211,7 @@ def compare_table(
 
 def validate_shadow(
     lake: LakehouseResource,
-    landing_dir: str | Path,
+    landing: LandingZoneResource,
     instance: DagsterInstance | None,
     selection: list[AssetKey],
     first: str,
@@ -230,7 +229,6 @@ def validate_shadow(
         raise ValidationRefused(f"no shadow table(s) {missing}; run `shadow` for this range first")
     days = DayRange(first, last)
     tables = [compare_table(lake, shadow, k, days, sample) for k in keys]
-    landing = LandingZoneResource(landing_dir=str(landing_dir))
     reconciliation = reconcile_layers(shadow, landing, keys, days) if reconcile else None
     validation = Validation(
         validation_id=uuid.uuid4().hex[:12],

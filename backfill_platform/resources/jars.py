@@ -1,10 +1,14 @@
-"""Fetch Delta's jars once, at install time, so no run waits on the network.
+"""Fetch the session's jars once, at install time, so no run waits on the network.
 
     python -m backfill_platform.resources.jars --fetch-jars   # `make jars` runs this
     python -m backfill_platform.resources.jars --check        # start Spark, write a Delta table
 
-Kept apart from the session resource: this is a build step (Maven, a temporary directory,
-a command line); `resources/spark.py` only looks the fetched jars up.
+Three sets, all in `.spark-jars/`: Delta Lake; S3A (hadoop-aws and the AWS SDK modules it
+loads), for lakehouses and landing zones on `s3a://`; and the project's commit log store for
+S3 (`build-support/s3-log-store`, compiled here with the JDK against those jars).
+
+Kept apart from the session resource: this is a build step (Maven, javac, a temporary
+directory, a command line); `resources/spark.py` only looks the fetched jars up.
 """
 
 from __future__ import annotations
@@ -14,22 +18,33 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
-from backfill_platform.resources.spark import REPO_ROOT, SparkSessionResource, spark_jars_dir
+import pyspark
 
-DELTA_JARS_POM = REPO_ROOT / "build-support" / "delta-jars.pom.xml"
+from backfill_platform.resources.spark import (
+    LOG_STORE_JAR,
+    REPO_ROOT,
+    SparkSessionResource,
+    spark_jars_dir,
+)
+
+BUILD_SUPPORT = REPO_ROOT / "build-support"
+DELTA_JARS_POM = BUILD_SUPPORT / "delta-jars.pom.xml"
+S3_JARS_POM = BUILD_SUPPORT / "s3-jars.pom.xml"
+LOG_STORE_SOURCES = BUILD_SUPPORT / "s3-log-store" / "src"
+# Only these groups are kept: everything else they depend on ships with pyspark, and a
+# second copy of Jackson, Netty or Parquet on the classpath breaks Spark.
+DELTA_GROUPS = "io.delta"
+S3_GROUPS = (
+    "org.apache.hadoop,software.amazon.awssdk,software.amazon.eventstream,"
+    "software.amazon.s3.analyticsaccelerator,org.reactivestreams"
+)
 
 
-def fetch_delta_jars(target: Path | None = None) -> list[Path]:
-    """Resolve the Delta jars through Maven (which honours the machine's Maven settings).
-
-    Only `io.delta` artifacts are kept: everything else they depend on ships with pyspark,
-    and a second copy of Jackson or Parquet on the classpath breaks Spark.
-    """
-    target = target or spark_jars_dir()
-    if any(target.glob("delta-spark*.jar")):
-        return sorted(target.glob("*.jar"))
+def _maven_copy(pom: Path, groups: str, target: Path) -> None:
+    """Resolve `pom` through Maven (which honours the machine's Maven settings)."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [
@@ -37,10 +52,10 @@ def fetch_delta_jars(target: Path | None = None) -> list[Path]:
                 "-q",
                 "-B",
                 "-f",
-                str(DELTA_JARS_POM),
+                str(pom),
                 "dependency:copy-dependencies",
                 "-DincludeScope=runtime",
-                "-DincludeGroupIds=io.delta",
+                f"-DincludeGroupIds={groups}",
                 f"-DoutputDirectory={tmp}",
             ],
             check=True,
@@ -48,16 +63,47 @@ def fetch_delta_jars(target: Path | None = None) -> list[Path]:
         target.mkdir(parents=True, exist_ok=True)
         for jar in Path(tmp).glob("*.jar"):
             shutil.copy2(jar, target / jar.name)
+
+
+def build_log_store(target: Path) -> Path:
+    """Compile the S3 commit log store against pyspark's Hadoop and Delta's storage jar."""
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    classpath = [f"{pyspark_jars}/*", *map(str, target.glob("delta-storage-*.jar"))]
+    classpath += map(str, target.glob("hadoop-aws-*.jar"))
+    sources = sorted(str(p) for p in LOG_STORE_SOURCES.rglob("*.java"))
+    jar = target / LOG_STORE_JAR
+    with tempfile.TemporaryDirectory() as classes:
+        subprocess.run(
+            ["javac", "--release", "17", "-d", classes, "-cp", ":".join(classpath), *sources],
+            check=True,
+        )
+        with zipfile.ZipFile(jar, "w") as archive:
+            for compiled in sorted(Path(classes).rglob("*.class")):
+                archive.write(compiled, compiled.relative_to(classes).as_posix())
+    return jar
+
+
+def fetch_jars(target: Path | None = None) -> list[Path]:
+    """Every jar the session needs; a set already present is not fetched again."""
+    target = target or spark_jars_dir()
+    if not any(target.glob("delta-spark*.jar")):
+        _maven_copy(DELTA_JARS_POM, DELTA_GROUPS, target)
+    if not any(target.glob("hadoop-aws-*.jar")):
+        _maven_copy(S3_JARS_POM, S3_GROUPS, target)
+    sources = list(LOG_STORE_SOURCES.rglob("*.java"))
+    jar = target / LOG_STORE_JAR
+    if not jar.exists() or jar.stat().st_mtime < max(p.stat().st_mtime for p in sources):
+        build_log_store(target)
     return sorted(target.glob("*.jar"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fetch-jars", action="store_true", help="download the Delta jars")
+    parser.add_argument("--fetch-jars", action="store_true", help="fetch and build the jars")
     parser.add_argument("--check", action="store_true", help="start Spark and write a Delta table")
     args = parser.parse_args(argv)
     if args.fetch_jars:
-        for jar in fetch_delta_jars():
+        for jar in fetch_jars():
             print(jar)
     if args.check:
         spark = SparkSessionResource(master="local[1]").get_session()

@@ -8,20 +8,20 @@ are the same operation and running it twice leaves the table as running it once.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import re
-import tempfile
+import random
+import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from dagster import AssetKey, ConfigurableResource, InitResourceContext
+from delta.exceptions import DeltaConcurrentModificationException
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
 from pydantic import Field, PrivateAttr
@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.resources.spark import SparkSessionResource
+from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
     CORRECTABLE_LAYERS,
     TABLE_NAMES,
@@ -195,17 +196,22 @@ class LakehouseResource(ConfigurableResource):
 
     @contextmanager
     def table_lock(self, key: AssetKey | str) -> Iterator[None]:
-        """Cross-process lock per table.
+        """Serialize this machine's writers to a table on a local root.
 
         Delta's log store on a local filesystem gives mutual exclusion only inside one JVM,
         and each Dagster run is its own JVM: two runs committing version N at once could
-        lose one commit. Holding an OS file lock around the commit serializes writers to a
-        table across processes (writers to different tables never wait for each other).
-        Under a URI root the lock files live in the machine's temporary directory: they
-        serialize this machine's writers; several machines need Delta's own multi-cluster
-        log store for that storage (e.g. S3DynamoDBLogStore).
+        lose one commit. An OS file lock around the commit serializes writers to a table
+        across processes (writers to different tables never wait for each other).
+
+        An object-store root takes no lock: writers there may be on other machines, so
+        the store itself refuses a second commit of version N (the conditional-write log
+        store, `resources/spark.py`) and Delta's optimistic concurrency retries or fails
+        the loser; `replace_range` retries a conflicting replace (docs/object-storage.md).
         """
-        lock_dir = self._lock_dir()
+        if self._local_root() is None:
+            yield
+            return
+        lock_dir = self._local_root() / "_locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with open(lock_dir / (self.storage_name(key).replace("/", "__") + ".lock"), "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -248,42 +254,48 @@ class LakehouseResource(ConfigurableResource):
             f"column {partition_column} (or with a NULL {partition_column}); the table is "
             "unchanged."
         )
-        with self.table_lock(key):
-            exists = self.exists(key)
-            if not exists:
-                df = _refuse_rows_outside(df, partition_column, predicate)
-            adds_columns = exists and self._check_schema(name, df)
-            # One file per date partition per write keeps the file count bounded over re-runs.
-            writer = (
-                df.repartition(F.col(partition_column))
-                .write.format("delta")
-                .mode("overwrite")
-                .option("replaceWhere", predicate)
-                .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
-            )
-            if adds_columns:
-                writer = writer.option("mergeSchema", "true")
-            if not exists:
-                writer = writer.partitionBy(partition_column)
-            try:
-                writer.save(path)
-            except (AnalysisException, SparkRuntimeException) as error:
-                if error.getCondition() == "DELTA_REPLACE_WHERE_MISMATCH" or (
-                    error.getCondition() == "USER_RAISED_EXCEPTION" and _OUT_OF_RANGE in str(error)
-                ):
-                    raise refused from error
-                raise
-            except Py4JJavaError as error:  # the JVM's own failures: I/O, a full disk, ...
-                version = self.current_version(key)
-                raise TableWriteError(
-                    f"{name}: the write failed ({_root_cause(error)}); nothing was committed, "
-                    + (
-                        "the table does not exist yet."
-                        if version is None
-                        else f"the table is unchanged at version {version}."
-                    )
-                ) from error
-            return self._find_commit(key, token)
+
+        def attempt() -> CommitInfo:
+            with self.table_lock(key):
+                exists = self.exists(key)
+                data = df if exists else _refuse_rows_outside(df, partition_column, predicate)
+                adds_columns = exists and self._check_schema(name, data)
+                # One file per date partition per write keeps the file count bounded over
+                # re-runs.
+                writer = (
+                    data.repartition(F.col(partition_column))
+                    .write.format("delta")
+                    .mode("overwrite")
+                    .option("replaceWhere", predicate)
+                    .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
+                )
+                if adds_columns:
+                    writer = writer.option("mergeSchema", "true")
+                if not exists:
+                    writer = writer.partitionBy(partition_column)
+                try:
+                    writer.save(path)
+                except (AnalysisException, SparkRuntimeException) as error:
+                    condition = error.getCondition()
+                    if condition == "DELTA_REPLACE_WHERE_MISMATCH" or (
+                        condition == "USER_RAISED_EXCEPTION" and _OUT_OF_RANGE in str(error)
+                    ):
+                        raise refused from error
+                    raise
+                except Py4JJavaError as error:  # the JVM's own failures: I/O, a full disk, ...
+                    version = self.current_version(key)
+                    raise TableWriteError(
+                        f"{name}: the write failed ({_root_cause(error)}); nothing was "
+                        "committed, "
+                        + (
+                            "the table does not exist yet."
+                            if version is None
+                            else f"the table is unchanged at version {version}."
+                        )
+                    ) from error
+                return self._find_commit(key, token)
+
+        return self._retrying_conflicts(name, f"[{start}, {end})", attempt)
 
     def append(
         self,
@@ -306,6 +318,12 @@ class LakehouseResource(ConfigurableResource):
     def _write(self, key, df, mode, partition_column, user_metadata) -> int | None:
         name = _name(key)
         metadata = {**user_metadata, "table": name, "write_mode": mode}
+        return self._retrying_conflicts(
+            name, mode, lambda: self._write_once(key, df, mode, partition_column, metadata)
+        )
+
+    def _write_once(self, key, df, mode, partition_column, metadata) -> int | None:
+        name = _name(key)
         with self.table_lock(key):
             exists = self.exists(key)
             writer = (
@@ -319,6 +337,25 @@ class LakehouseResource(ConfigurableResource):
                 writer = writer.partitionBy(partition_column)
             writer.save(self.table_path(key))
             return self.current_version(key)
+
+    def _retrying_conflicts(self, name: str, what: str, write: Callable[[], _T]) -> _T:
+        """Run `write` again when a concurrent writer committed first and Delta found the two
+        in conflict (overlapping partitions on an object-store root, where no lock orders
+        writers). A replace is idempotent, so the retry leaves the table as if it ran last;
+        after `CONFLICT_ATTEMPTS` the write fails, naming the table, having committed nothing.
+        """
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return write()
+            except DeltaConcurrentModificationException as error:
+                if attempt == CONFLICT_ATTEMPTS:
+                    reason = str(error).splitlines()[0][:300]
+                    raise TableWriteError(
+                        f"{name}: {what} conflicted with concurrent writers {attempt} times "
+                        f"({reason}); this write committed nothing, the table holds theirs."
+                    ) from error
+                time.sleep(random.uniform(0.5, 2.0) * attempt)
+        raise AssertionError("unreachable")
 
     def vacuum(self, key: AssetKey | str, retention_hours: float) -> int | None:
         """VACUUM under the table lock, with the caller's retention window in place of
@@ -479,23 +516,14 @@ class LakehouseResource(ConfigurableResource):
     def _local_root(self) -> Path | None:
         """The root as a resolved local directory; None for a remote URI (`s3a://...`)."""
         parsed = urlparse(self.root_dir)
-        if not _URI.match(self.root_dir):
+        if not is_uri(self.root_dir):
             return Path(self.root_dir).resolve()
         return Path(unquote(parsed.path)).resolve() if parsed.scheme == "file" else None
-
-    def _lock_dir(self) -> Path:
-        local = self._local_root()
-        if local is not None:
-            return local / "_locks"
-        digest = hashlib.sha256(self.root_dir.encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / "backfill_platform_locks" / digest
 
     def _storage(self, path: str):
         """Hadoop's FileSystem for `path` and the path itself: the storage layer Spark and
         Delta use, whatever the scheme (local, s3a, ...)."""
-        context = self.session.sparkContext
-        hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path)
-        return hadoop_path.getFileSystem(context._jsc.hadoopConfiguration()), hadoop_path
+        return hadoop_fs(self.session, path)
 
     def _storage_exists(self, path: str) -> bool:
         filesystem, hadoop_path = self._storage(path)
@@ -598,7 +626,9 @@ class LakehouseResource(ConfigurableResource):
 
 
 _OUT_OF_RANGE = "row outside the partition range"
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# Attempts of a write that conflicts with concurrent writers (object-store roots).
+CONFLICT_ATTEMPTS = 5
+_T = TypeVar("_T")
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 

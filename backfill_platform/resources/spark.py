@@ -23,6 +23,10 @@ from pyspark.sql import SparkSession
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The driver's log4j2 configuration: warnings and errors, without start-up chatter.
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+# Delta's commit protocol on S3 across machines (build-support/s3-log-store,
+# docs/object-storage.md).
+LOG_STORE_JAR = "backfill-s3-log-store.jar"
+S3_LOG_STORE = "backfill_platform.S3ConditionalLogStore"
 
 
 def spark_jars_dir() -> Path:
@@ -57,6 +61,20 @@ class SparkSessionResource(ConfigurableResource):
     )
     driver_memory: str = "3g"
     ui_enabled: bool = False
+    s3_endpoint: str = Field(
+        default="", description="S3 endpoint URL; empty: AWS for the region (BACKFILL_S3_ENDPOINT)."
+    )
+    s3_region: str = Field(default="us-east-1", description="S3 region (BACKFILL_S3_REGION).")
+    s3_path_style: bool = Field(
+        default=False, description="Path-style bucket addressing (BACKFILL_S3_PATH_STYLE)."
+    )
+    s3_access_key_id: str = Field(
+        default="",
+        description="Empty: the AWS default credential chain (BACKFILL_S3_ACCESS_KEY_ID).",
+    )
+    s3_secret_access_key: str = Field(
+        default="", description="Read from BACKFILL_S3_SECRET_ACCESS_KEY; never printed."
+    )
     extra_conf: dict[str, str] = Field(default_factory=dict)
     _pyspark: LazyPySparkResource | None = PrivateAttr(default=None)
 
@@ -133,7 +151,35 @@ class SparkSessionResource(ConfigurableResource):
             # so the log says which run last built every partition.
             "spark.databricks.delta.skipRecordingEmptyCommits": "false",
         }
+        conf.update(self.s3_config())
         conf.update(self.extra_conf)
+        return conf
+
+    def s3_config(self) -> dict[str, str]:
+        """S3A settings for `s3a://` roots, and the commit log store that makes concurrent
+        writers on several machines safe there (Delta's default S3 store is single-driver).
+
+        Credentials go to Hadoop's configuration only when set; otherwise S3A's default
+        chain (AWS_* variables, profile, instance role) applies. Spark redacts
+        `*.secret.key` in its UI and logs (`spark.redaction.regex`).
+        """
+        conf = {
+            "spark.delta.logStore.s3a.impl": S3_LOG_STORE,
+            "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
+            "spark.hadoop.fs.s3a.endpoint.region": self.s3_region,
+            "spark.hadoop.fs.s3a.path.style.access": str(self.s3_path_style).lower(),
+        }
+        if self.s3_endpoint:
+            conf["spark.hadoop.fs.s3a.endpoint"] = self.s3_endpoint
+            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+                self.s3_endpoint.startswith("https:")
+            ).lower()
+        if self.s3_access_key_id:
+            conf["spark.hadoop.fs.s3a.access.key"] = self.s3_access_key_id
+            conf["spark.hadoop.fs.s3a.secret.key"] = self.s3_secret_access_key
+            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+            )
         return conf
 
 

@@ -7,7 +7,7 @@ not valid UTF-8 are split at the byte level instead, and each bad line keeps its
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -29,8 +29,9 @@ LINES_SCHEMA = T.StructType(
 _HEX_LINE = r"((?:[0-9A-F]{2})*?)0A"
 
 
-def read_lines(spark: SparkSession, files: list[Path], day_folder: str) -> DataFrame:
-    """One row per line of `files`; `day` comes from the `<day_folder>=YYYY-MM-DD` folder.
+def read_lines(spark: SparkSession, files: Sequence[object], day_folder: str) -> DataFrame:
+    """One row per line of `files` (local paths or URIs, as `str()` spells them); `day`
+    comes from the `<day_folder>=YYYY-MM-DD` folder.
 
     A UTF-8 byte order mark opening a file and a `\\r` ending a line are not part of the
     line; the empty piece after a final newline is not a line. Blank lines are kept here
