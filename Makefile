@@ -33,7 +33,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -96,7 +96,17 @@ e2e-deps reliability-deps:
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-e2e: install e2e-deps
+# A real S3-compatible server for the object-storage tests (docs/object-storage.md): versitygw,
+# an S3 gateway over a directory, built from its Go module into .tools/bin (gitignored).
+VERSITYGW_VERSION := v1.8.0
+VERSITYGW := .tools/bin/versitygw
+$(VERSITYGW):
+	GOBIN=$(CURDIR)/.tools/bin go install \
+		github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+s3-deps: $(VERSITYGW)
+
+e2e: install e2e-deps s3-deps
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
 		-n $(TEST_WORKERS) --dist loadgroup -m e2e backfill_platform_tests/e2e
 

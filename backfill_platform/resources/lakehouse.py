@@ -21,7 +21,16 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from dagster import AssetKey, ConfigurableResource, InitResourceContext
-from delta.exceptions import DeltaConcurrentModificationException
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
 from pydantic import Field, PrivateAttr
@@ -44,6 +53,12 @@ from backfill_platform.tables import (
 
 class TableWriteError(Exception):
     """A write was refused before committing; the table is unchanged."""
+
+
+class CommitLost(RuntimeError):
+    """Delta reported the write committed, yet its commit is not in the table's history:
+    another writer replaced that version's log entry (a log store without mutual exclusion
+    across writers). The platform's own after-write check; docs/object-storage.md."""
 
 
 class TableDropRefused(Exception):
@@ -347,7 +362,7 @@ class LakehouseResource(ConfigurableResource):
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             try:
                 return write()
-            except DeltaConcurrentModificationException as error:
+            except CONCURRENT_WRITE_CONFLICTS as error:
                 if attempt == CONFLICT_ATTEMPTS:
                     reason = str(error).splitlines()[0][:300]
                     raise TableWriteError(
@@ -572,7 +587,11 @@ class LakehouseResource(ConfigurableResource):
                         rows_removed=int(metrics.get("numDeletedRows", 0)),
                         user_metadata=meta,
                     )
-        raise RuntimeError(f"{_name(key)}: commit {token} not found in the Delta history")
+        raise CommitLost(
+            f"{_name(key)}: Delta reported the write as committed, but commit {token} is not "
+            "in the table's history: another writer replaced that version. The log store "
+            "does not exclude concurrent writers (docs/object-storage.md)."
+        )
 
     def covers(self, key: AssetKey | str, day: date) -> bool:
         """Whether one of our commits wrote `day`'s partition.
@@ -628,6 +647,18 @@ class LakehouseResource(ConfigurableResource):
 _OUT_OF_RANGE = "row outside the partition range"
 # Attempts of a write that conflicts with concurrent writers (object-store roots).
 CONFLICT_ATTEMPTS = 5
+# Delta's Python exceptions for a lost optimistic-concurrency race: siblings, not subclasses
+# of DeltaConcurrentModificationException (delta.exceptions.base).
+CONCURRENT_WRITE_CONFLICTS = (
+    DeltaConcurrentModificationException,
+    ConcurrentWriteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentTransactionException,
+)
 _T = TypeVar("_T")
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
@@ -174,13 +174,20 @@ class SparkSessionResource(ConfigurableResource):
             conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
                 self.s3_endpoint.startswith("https:")
             ).lower()
-        if self.s3_access_key_id:
-            conf["spark.hadoop.fs.s3a.access.key"] = self.s3_access_key_id
-            conf["spark.hadoop.fs.s3a.secret.key"] = self.s3_secret_access_key
+        access_key, secret_key = map(_value, (self.s3_access_key_id, self.s3_secret_access_key))
+        if access_key:
+            conf["spark.hadoop.fs.s3a.access.key"] = access_key
+            conf["spark.hadoop.fs.s3a.secret.key"] = secret_key
             conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
             )
         return conf
+
+
+def _value(text: str) -> str:
+    """An `EnvVar` field's value: Dagster resolves it for runs, but the CLI and sensors use
+    the resource as built, with the EnvVar still in place (it refuses `str()`)."""
+    return (text.get_value() or "") if isinstance(text, EnvVar) else text
 
 
 def _set_conf(session: SparkSession, settings: Mapping[str, str | None]) -> None:

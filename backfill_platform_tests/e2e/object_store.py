@@ -80,6 +80,12 @@ class S3Server:
         (self.root / "data" / name).mkdir()
         return f"s3a://{name}"
 
+    def objects(self, bucket: str) -> list[str]:
+        """Every object key in `bucket`, read from the gateway's own directory (the store's
+        side of the truth, not what S3A reports)."""
+        folder = self.root / "data" / bucket
+        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
     def env(self) -> dict[str, str]:
         """The platform's settings for this server (README "Deploying")."""
         return {

@@ -22,7 +22,7 @@ from datetime import date, timedelta
 from pathlib import Path
 
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
-from backfill_platform.resources.lakehouse import TableWriteError
+from backfill_platform.resources.lakehouse import CommitLost, TableWriteError
 
 DELTA_DEFAULT_S3_LOG_STORE = "io.delta.storage.S3SingleDriverLogStore"
 ROWS_PER_DAY = 10
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     while not Path(args.go).exists():
         time.sleep(0.05)
 
-    commits, failures = [], []
+    commits, failures, lost = [], [], []
     days = [date.fromisoformat(d) for d in args.days.split(",")]
     for round_ in range(args.rounds):
         for day in days:
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             except TableWriteError as error:
                 failures.append({"day": day.isoformat(), "error": str(error)})
                 continue
+            except CommitLost as error:  # Delta said committed; the history disagrees
+                lost.append({"day": day.isoformat(), "error": str(error)})
+                continue
             commits.append(
                 {
                     "day": day.isoformat(),
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     "token": commit.user_metadata["commit_token"],
                 }
             )
-    Path(args.out).write_text(json.dumps({"commits": commits, "failures": failures}))
+    Path(args.out).write_text(json.dumps({"commits": commits, "failures": failures, "lost": lost}))
     return 0
 
 
