@@ -33,7 +33,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -142,6 +142,12 @@ bench: install
 # lines, driver JVM and Python peaks, files per partition (issue 18). Not yet run here.
 bench-large: install
 	$(MAKE) bench BENCH_DAYS=366 BENCH_ORDERS_PER_DAY=14000 BENCH_SCALING= BENCH_ARGS=--no-cold
+
+# The full backfill with local roots vs s3a:// roots on a local S3 server (versitygw), one
+# warm session, equal tables (docs/object-storage.md). BENCH_S3_ARGS="--days 62".
+BENCH_S3_ARGS ?=
+bench-s3: install s3-deps
+	$(PY) -m benchmarks.object_storage $(BENCH_S3_ARGS)
 
 ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \

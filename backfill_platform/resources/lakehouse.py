@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import random
 import time
 import uuid
@@ -369,6 +370,14 @@ class LakehouseResource(ConfigurableResource):
                         f"{name}: {what} conflicted with concurrent writers {attempt} times "
                         f"({reason}); this write committed nothing, the table holds theirs."
                     ) from error
+                LOG.warning(
+                    "%s: %s conflicted with a concurrent writer, retrying (%d of %d): %s",
+                    name,
+                    what,
+                    attempt,
+                    CONFLICT_ATTEMPTS,
+                    type(error).__name__,
+                )
                 time.sleep(random.uniform(0.5, 2.0) * attempt)
         raise AssertionError("unreachable")
 
@@ -644,6 +653,7 @@ class LakehouseResource(ConfigurableResource):
         ]
 
 
+LOG = logging.getLogger(__name__)
 _OUT_OF_RANGE = "row outside the partition range"
 # Attempts of a write that conflicts with concurrent writers (object-store roots).
 CONFLICT_ATTEMPTS = 5

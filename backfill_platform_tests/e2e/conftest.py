@@ -17,6 +17,7 @@ import pytest
 
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.tables import TABLE_NAMES
+from backfill_platform_tests.e2e.object_store import S3Server
 from backfill_platform_tests.e2e.services import (
     DagsterServices,
     PostgresServer,
@@ -151,41 +152,58 @@ def first_backfill(deployment, spark) -> FirstBackfill:
 @dataclass
 class ScaledOut:
     """One deployment the way a team outgrowing one machine runs it: Dagster's storage in
-    PostgreSQL (deploy/dagster-postgres.yaml) and Spark on a standalone cluster."""
+    PostgreSQL (deploy/dagster-postgres.yaml), Spark on a standalone cluster, and the landing
+    zone and lakehouse in an S3 bucket (a real S3-compatible server), so no executor needs
+    the driver's disk."""
 
     deployment: Deployment
     postgres: PostgresServer
     cluster: SparkCluster
+    s3: S3Server
+    lakehouse_uri: str
     backfill_id: str
     status: dict
 
 
 @pytest.fixture(scope="session")
-def scaled_out(e2e_root) -> Iterator[ScaledOut]:
+def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
     root = e2e_root / "scaled_out"
     root.mkdir()
     data_dir, run_as = make_postgres_dir()
     postgres = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
     cluster = SparkCluster(root / "spark")
     cluster.root.mkdir()
+    s3 = S3Server(root / "s3")
     deployment = None
     try:
         postgres.start()
+        s3.start()
+        s3.configure(spark)
+        # The landing files are delivered to the bucket; the local copy is the oracle's.
+        source = generated_landing(root / "source")
+        bucket = s3.bucket("scaled-out")
+        s3.upload(spark, source, f"{bucket}/landing")
         cluster.start(workers=2)
         extra = {
             **postgres.env(),
+            **s3.env(),
+            "BACKFILL_LANDING_DIR": f"{bucket}/landing",
+            "BACKFILL_LAKEHOUSE_DIR": f"{bucket}/lakehouse",
             "SPARK_MASTER": cluster.master_url,
             "SPARK_CONF_DIR": str(cluster.spark_conf_dir()),
         }
-        deployment = start_deployment(root, "dagster-postgres.yaml", extra)
+        deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
         backfill_id = deployment.dagster.launch_backfill(
             ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
         )
         status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
-        yield ScaledOut(deployment, postgres, cluster, backfill_id, status)
+        yield ScaledOut(
+            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status
+        )
     finally:
         if deployment is not None:
             deployment.dagster.stop()
         cluster.stop()
+        s3.stop()
         postgres.stop()
         shutil.rmtree(data_dir.parent, ignore_errors=True)

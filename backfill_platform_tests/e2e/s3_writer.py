@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -26,6 +27,17 @@ from backfill_platform.resources.lakehouse import CommitLost, TableWriteError
 
 DELTA_DEFAULT_S3_LOG_STORE = "io.delta.storage.S3SingleDriverLogStore"
 ROWS_PER_DAY = 10
+
+
+class _RetryCounter(logging.Handler):
+    """Counts the platform's own retries of a conflicting write (`_retrying_conflicts`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += "retrying" in record.getMessage()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     while not Path(args.go).exists():
         time.sleep(0.05)
 
+    retries = _RetryCounter()
+    logging.getLogger("backfill_platform.resources.lakehouse").addHandler(retries)
     commits, failures, lost = [], [], []
     days = [date.fromisoformat(d) for d in args.days.split(",")]
     for round_ in range(args.rounds):
@@ -85,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                     "token": commit.user_metadata["commit_token"],
                 }
             )
-    Path(args.out).write_text(json.dumps({"commits": commits, "failures": failures, "lost": lost}))
+    Path(args.out).write_text(
+        json.dumps(
+            {"commits": commits, "failures": failures, "lost": lost, "retries": retries.count}
+        )
+    )
     return 0
 
 

@@ -1,8 +1,10 @@
-"""The same code location scaled out: Dagster's storage in PostgreSQL, Spark on a cluster.
+"""The same code location scaled out: Dagster's storage in PostgreSQL, Spark on a cluster,
+the landing zone and the lakehouse on object storage.
 
 One deployment serves both tests (a backfill through the daemon costs minutes): the
-instance uses deploy/dagster-postgres.yaml against a real PostgreSQL server, and every run
-connects to a Spark standalone master with two one-core workers, all on 127.0.0.1.
+instance uses deploy/dagster-postgres.yaml against a real PostgreSQL server, every run
+connects to a Spark standalone master with two one-core workers, and reads and writes
+`s3a://` on a real S3-compatible server (versitygw), all on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, sp
     home = scaled_out.deployment.dagster.home
     assert not list(home.rglob("*.db")), list(home.rglob("*.db"))
 
-    lake = lakehouse_for(scaled_out.deployment.lakehouse, spark)
+    lake = lakehouse_for(scaled_out.lakehouse_uri, spark)
     result = reconcile_marts(lake, scaled_out.deployment.landing, FIRST_DAY, LAST_DAY)
     assert result.ok, "\n".join(result.details)
 
@@ -57,8 +59,11 @@ def test_postgres_yaml_differs_from_the_default_only_in_storage():
     assert postgres == default
 
 
-def test_cluster_backfill_gives_the_same_tables_as_local_mode(scaled_out, first_backfill, spark):
-    """Same landing zone (same generator seed), same assets: identical tables either way."""
+def test_cluster_backfill_on_s3a_gives_the_same_tables_as_local_mode(
+    scaled_out, first_backfill, spark
+):
+    """Same landing zone (same generator seed), same assets: identical tables either way,
+    one built by executors on the workers from and to a bucket, one on local disk."""
     status = scaled_out.cluster.status()
     apps = status["completedapps"] + status["activeapps"]
     ours = {a["id"] for a in apps if a["name"] == "backfill_platform"}
@@ -69,7 +74,14 @@ def test_cluster_backfill_gives_the_same_tables_as_local_mode(scaled_out, first_
     assert any("Finished task" in log.read_text(errors="replace") for log in executor_logs)
     assert len(scaled_out.cluster.alive_workers()) == 2
 
-    on_cluster = fingerprints(lakehouse_for(scaled_out.deployment.lakehouse, spark))
+    # Everything the runs wrote is in the bucket (the gateway's own directory); the
+    # deployment was given only s3a:// roots, and nothing went to a local lakehouse.
+    objects = scaled_out.s3.objects("scaled-out")
+    for table in ("raw/orders", "staging/orders", "marts/customer_ltv"):
+        assert any(o.startswith(f"lakehouse/{table}/_delta_log/") for o in objects), table
+    assert not scaled_out.deployment.lakehouse.exists()
+
+    on_cluster = fingerprints(lakehouse_for(scaled_out.lakehouse_uri, spark))
     local = dict(first_backfill.fingerprints)
     # The CRM history keeps each answer with its fetch time: equal rows, not equal bytes.
     on_cluster.pop("raw/crm_customer_history", None)
