@@ -59,7 +59,8 @@ class LandingZoneResource(ConfigurableResource):
         return found
 
     def read_bytes(self, file: LandingFile) -> bytes:
-        if is_uri(file.path):
+        # By the root, not the path: Hadoop spells `file:///x` as `file:/x`.
+        if is_uri(self.landing_dir):
             return read_bytes(self.spark.get_session(), file.path)
         return Path(file.path).read_bytes()
 
