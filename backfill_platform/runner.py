@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dagster import (
+    AssetChecksDefinition,
     AssetKey,
     AssetsDefinition,
     AssetSelection,
@@ -345,11 +346,15 @@ def backfill(
     instance: DagsterInstance,
     per_run: int | None = None,
     on_run: Callable[[RangeRun], None] | None = None,
+    checks: Sequence[AssetChecksDefinition] = (),
 ) -> list[RangeRun]:
-    """Every asset over first..last in process; raises `BackfillFailed` if a run fails."""
+    """Every asset over first..last in process; raises `BackfillFailed` if a run fails.
+
+    With `checks` (e.g. `checks.all_checks`) each run also evaluates the checks of the
+    assets it materializes, as a run of the code location does; the plan is the same."""
     lineage = Lineage(assets)
     report = run_range(
-        InProcessExecutor(assets, resources, instance),
+        InProcessExecutor([*assets, *checks], resources, instance),
         lineage,
         lineage.toposorted(),
         DayRange(first_key, last_key),

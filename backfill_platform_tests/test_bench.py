@@ -33,6 +33,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
         "plain_spark",
         "duckdb",
         "platform",
+        "platform_with_checks",
         "rerun",
         "per_partition_extrapolated",
         "rolling_window",
@@ -41,11 +42,18 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert set(result["ratios"]) >= {
         "platform_over_floor",
         "platform_over_plain_spark",
+        "platform_with_checks_over_plain_spark",
         "platform_over_duckdb",
         "per_partition_over_chunked",
         "rerun_over_first",
     }
     assert result["checks"]["rerun_rows_unchanged"] and result["checks"]["floor_equals_platform"]
+    # the platform as users run it: its runs evaluated every check, none failed as ERROR,
+    # and they wrote the same marts as the backfill without checks
+    evaluations = result["checks"]["check_evaluations"]
+    assert evaluations["checks"] == 16 and evaluations["failed_error"] == 0
+    assert evaluations["evaluated"] > 16 and result["checks"]["with_checks_equals_platform"]
+    assert "platform_with_checks_over_plain_spark" in result["targets"]
     # the independent anchors compute the platform's marts, row for row
     assert result["checks"]["plain_spark_equals_platform"]
     assert result["checks"]["duckdb_equals_platform"]
@@ -58,6 +66,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert (tmp_path / result_file.name.replace(".json", ".png")).stat().st_size > 0
     out = capsys.readouterr().out
     assert "| platform: full backfill" in out and "CRM: the full backfill made" in out
+    assert "| platform with checks: the same" in out
     assert "| DuckDB: the contract as SQL" in out and "| plain Spark: a hand-written" in out
     # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
     assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)

@@ -37,6 +37,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"{sec['duckdb']:.1f} | {rows_s['duckdb']:,} | {mem_of('duckdb')} | |",
         f"| platform: full backfill through Dagster, empty lakehouse | {sec['platform']:.1f} | "
         f"{rows_s['platform']:,} | {mem_of('platform')} | {jobs('platform')} |",
+        f"| platform with checks: the same, every run evaluating its assets' checks "
+        f"({_checks(r['checks'].get('check_evaluations'))}) | "
+        f"{sec['platform_with_checks']:.1f} | {rows_s['platform_with_checks']:,} | "
+        f"{mem_of('platform_with_checks')} | {jobs('platform_with_checks')} |",
         f"| re-run: the same backfill again (no row changed: "
         f"{_yes(r['checks']['rerun_rows_unchanged'])}) | {sec['rerun']:.1f} | "
         f"{rows_s['rerun']:,} | {mem_of('rerun')} | {jobs('rerun')} |",
@@ -84,6 +88,8 @@ def markdown(r: dict[str, Any]) -> str:
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['target']} | {t['measured']} | {_yes(t['met'])} |")
     lines += [
+        f"| platform with and without checks: marts identical | yes | "
+        f"{_yes(r['checks']['with_checks_equals_platform'])} | |",
         f"| floor and platform marts identical | yes | "
         f"{_yes(r['checks']['floor_equals_platform'])} | |",
         f"| plain Spark and platform marts identical | yes | "
@@ -100,6 +106,18 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for step, row in r["platform_steps"].items():
         lines.append(f"| {step} | {row['seconds']} | {row['spark_busy_s']} | {row['jobs']} |")
+    checked = r.get("platform_with_checks_steps")
+    if checked:
+        lines += [
+            "",
+            "The same backfill with its checks, per Dagster step (checks defined apart from "
+            "their asset run as steps of their own):",
+            "",
+            "| step | seconds | Spark busy s | Spark jobs |",
+            "|---|---:|---:|---:|",
+        ]
+        for step, row in checked.items():
+            lines.append(f"| {step} | {row['seconds']} | {row['spark_busy_s']} | {row['jobs']} |")
     lines += ["", "Spark stages by call site, platform full backfill (top):", ""]
     lines += ["| stage | count | seconds | input MB |", "|---|---:|---:|---:|"]
     for st in spark.get("platform", {}).get("top_stages", []):
@@ -151,6 +169,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
         ("plain Spark job", sec["plain_spark"]),
         ("floor (platform transforms)", sec["floor"]),
         ("platform backfill", sec["platform"]),
+        ("platform with checks", sec["platform_with_checks"]),
         ("re-run", sec["rerun"]),
         ("run per partition\n(warm session)", sec["per_partition_extrapolated_warm_session"]),
         ("run per partition\n(process per run)", sec["per_partition_extrapolated"]),
@@ -163,6 +182,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
         "#666666",
         "#888888",
         "#1f77b4",
+        "#08519c",
         "#6baed6",
         "#fd8d3c",
         "#d94801",
@@ -206,6 +226,15 @@ def chart(r: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _checks(counts: dict | None) -> str:
+    if not counts:
+        return "no evaluations"
+    return (
+        f"{counts['checks']} checks, {counts['evaluated']:,} evaluations, "
+        f"{counts['failed_error']} failed ERROR, {counts['failed_warn']} WARN"
+    )
 
 
 def _yes(flag: bool) -> str:

@@ -141,10 +141,9 @@ class CrmResource(ConfigurableResource):
         stats = CrmCallStats()
         if not customer_ids:
             return [], stats
-        limiter = self.limiter()
         started = time.monotonic()
         answers = []
-        with requests.Session() as session:
+        with self.limiter() as limiter, requests.Session() as session:
             session.headers.update(
                 {
                     "Authorization": f"Bearer {self.token}",
