@@ -224,10 +224,11 @@ class LakehouseResource(ConfigurableResource):
         store, `resources/spark.py`) and Delta's optimistic concurrency retries or fails
         the loser; `replace_range` retries a conflicting replace (docs/object-storage.md).
         """
-        if self._local_root() is None:
+        root = self._local_root()
+        if root is None:
             yield
             return
-        lock_dir = self._local_root() / "_locks"
+        lock_dir = root / "_locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with open(lock_dir / (self.storage_name(key).replace("/", "__") + ".lock"), "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)

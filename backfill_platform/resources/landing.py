@@ -7,7 +7,6 @@ and read through Hadoop's FileSystem in the Spark session (`resources/storage.py
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -15,25 +14,19 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from backfill_platform.resources.spark import SparkSessionResource
-from backfill_platform.resources.storage import is_uri, join, list_dir, read_bytes
+from backfill_platform.resources.storage import (
+    StoredObject,
+    is_uri,
+    join,
+    list_dir,
+    list_local_dir,
+    read_bytes,
+)
 
 ORDERS = "orders"
 FX_RATES = "fx_rates"
 DAY_FOLDER = {ORDERS: "ingest_date", FX_RATES: "rate_date"}
 SUFFIX = {ORDERS: ".jsonl", FX_RATES: ".csv"}
-
-
-@dataclass(frozen=True)
-class LandingFile:
-    """A delivered file: where Spark reads it, its name, size and modification time."""
-
-    path: str
-    name: str
-    size: int
-    modified_ns: int  # since the epoch
-
-    def __str__(self) -> str:
-        return self.path
 
 
 class LandingZoneResource(ConfigurableResource):
@@ -47,9 +40,9 @@ class LandingZoneResource(ConfigurableResource):
     def day_dir(self, kind: str, day: str) -> str:
         return join(self.landing_dir, kind, f"{DAY_FOLDER[kind]}={day}")
 
-    def files(self, kind: str, days: Iterable[str]) -> list[LandingFile]:
+    def files(self, kind: str, days: Iterable[str]) -> list[StoredObject]:
         """Delivered files of `kind` for the given days, sorted; missing days simply have none."""
-        found: list[LandingFile] = []
+        found: list[StoredObject] = []
         for day in days:
             found.extend(
                 f
@@ -58,13 +51,13 @@ class LandingZoneResource(ConfigurableResource):
             )
         return found
 
-    def read_bytes(self, file: LandingFile) -> bytes:
+    def read_bytes(self, file: StoredObject) -> bytes:
         # By the root, not the path: Hadoop spells `file:///x` as `file:/x`.
         if is_uri(self.landing_dir):
             return read_bytes(self.spark.get_session(), file.path)
         return Path(file.path).read_bytes()
 
-    def record_count(self, file: LandingFile) -> int:
+    def record_count(self, file: StoredObject) -> int:
         """Lines of a landing file that count as records (contract 1.1): a leading UTF-8 BOM
         and one trailing CR per line aside, lines of only spaces and tabs are not records."""
         data = self.read_bytes(file).removeprefix(b"\xef\xbb\xbf")
@@ -83,23 +76,13 @@ class LandingZoneResource(ConfigurableResource):
             if f.name.startswith(prefix) and _is_iso_date(f.name.removeprefix(prefix))
         )
 
-    def _list(self, folder: str, dirs: bool) -> list[LandingFile]:
+    def _list(self, folder: str, dirs: bool) -> list[StoredObject]:
         """Files (or folders) directly in `folder`, sorted by name; none if it is missing."""
         if is_uri(folder):
-            return [
-                LandingFile(o.path, o.name, o.size, int(o.modified * 1_000_000_000))
-                for o in list_dir(self.spark.get_session(), folder)
-                if o.is_dir == dirs
-            ]
-        root = Path(folder)
-        if not root.is_dir():
-            return []
-        found = []
-        for p in sorted(root.iterdir()):
-            if p.is_dir() if dirs else p.is_file():
-                stat = p.stat()
-                found.append(LandingFile(str(p), p.name, stat.st_size, stat.st_mtime_ns))
-        return found
+            entries = list_dir(self.spark.get_session(), folder)
+        else:
+            entries = list_local_dir(folder)
+        return [e for e in entries if e.is_dir == dirs]
 
 
 def _is_iso_date(text: str) -> bool:

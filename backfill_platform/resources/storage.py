@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -27,13 +28,16 @@ def join(root: str, *parts: str) -> str:
 
 @dataclass(frozen=True)
 class StoredObject:
-    """A file as the storage lists it."""
+    """A file or folder as the storage lists it; `str()` is the path Spark reads."""
 
-    path: str  # as Hadoop qualifies it: `s3a://bucket/landing/orders/ingest_date=.../x.jsonl`
+    path: str  # local, or as Hadoop qualifies it: `s3a://bucket/landing/orders/.../x.jsonl`
     name: str
     size: int
-    modified: float  # seconds since the epoch
+    modified_ns: int  # since the epoch
     is_dir: bool
+
+    def __str__(self) -> str:
+        return self.path
 
 
 def hadoop_fs(session: SparkSession, path: str):
@@ -44,7 +48,8 @@ def hadoop_fs(session: SparkSession, path: str):
 
 
 def list_dir(session: SparkSession, path: str) -> list[StoredObject]:
-    """The entries directly under `path`, sorted by name; none when it does not exist."""
+    """The entries directly under `path` through Hadoop, sorted by name; none when it does
+    not exist."""
     filesystem, hadoop_path = hadoop_fs(session, path)
     if not filesystem.exists(hadoop_path):
         return []
@@ -53,12 +58,26 @@ def list_dir(session: SparkSession, path: str) -> list[StoredObject]:
             path=status.getPath().toString(),
             name=status.getPath().getName(),
             size=int(status.getLen()),
-            modified=status.getModificationTime() / 1000.0,
+            modified_ns=int(status.getModificationTime()) * 1_000_000,
             is_dir=bool(status.isDirectory()),
         )
         for status in filesystem.listStatus(hadoop_path)
     ]
     return sorted(entries, key=lambda e: e.name)
+
+
+def list_local_dir(path: str) -> list[StoredObject]:
+    """The files and folders directly under a local `path`, sorted by name, without a JVM;
+    none when it does not exist."""
+    root = Path(path)
+    if not root.is_dir():
+        return []
+    entries = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir() or p.is_file():
+            stat = p.stat()
+            entries.append(StoredObject(str(p), p.name, stat.st_size, stat.st_mtime_ns, p.is_dir()))
+    return entries
 
 
 def read_bytes(session: SparkSession, path: str) -> bytes:
