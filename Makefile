@@ -33,7 +33,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -108,7 +108,7 @@ s3-deps: $(VERSITYGW)
 
 e2e: install e2e-deps s3-deps
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
-		-n $(TEST_WORKERS) --dist loadgroup -m e2e backfill_platform_tests/e2e
+		-n $(TEST_WORKERS) --dist loadgroup -m "e2e and not hazard" backfill_platform_tests/e2e
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
@@ -148,6 +148,11 @@ bench-large: install
 BENCH_S3_ARGS ?=
 bench-s3: install s3-deps
 	$(PY) -m benchmarks.object_storage $(BENCH_S3_ARGS)
+
+# The same four-writer race with Delta's default S3 log store: commits reported as done and
+# not in the table (docs/object-storage.md). A race, so it is a demonstration, not in CI.
+s3-race-demo: install s3-deps
+	$(PY) -m pytest -q -s -p no:cacheprovider -m hazard backfill_platform_tests/e2e/test_object_storage.py
 
 ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \

@@ -644,6 +644,7 @@ class LakehouseResource(ConfigurableResource):
         return [
             {
                 "version": r["version"],
+                "read_version": r["readVersion"],
                 "timestamp": r["timestamp"],
                 "operation": r["operation"],
                 "metrics": dict(r["operationMetrics"] or {}),
