@@ -33,7 +33,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -137,6 +137,12 @@ BENCH_ARGS ?=
 bench: install
 	$(PY) -m benchmarks.bench --start $(BENCH_START) --days $(BENCH_DAYS) \
 		--orders-per-day $(BENCH_ORDERS_PER_DAY) --scaling "$(BENCH_SCALING)" $(BENCH_ARGS)
+
+# The raw parse alone (line reader + contract parser) vs the plain Spark anchor's reader and
+# json_tuple, to the noop sink: about 2 minutes (docs/performance.md).
+BENCH_PARSE_ARGS ?=
+bench-parse: install
+	$(PY) -m benchmarks.raw_parse $(BENCH_PARSE_ARGS)
 
 # One point at ten million landing lines (366 days x 14,000 orders/day): seconds per million
 # lines, driver JVM and Python peaks, files per partition (issue 18). Not yet run here.
