@@ -42,26 +42,35 @@ def _rates(spark: SparkSession, landing: Path) -> DataFrame:
     )
 
 
-def _orders(
-    spark: SparkSession, landing: Path, known: list[str], first: date, last: date
-) -> DataFrame:
+def order_lines(spark: SparkSession, landing: Path) -> DataFrame:
+    """Every delivered order line: whole files split on newlines, numbered for the tie-break."""
     files = (
         spark.read.option("wholetext", True)
         .text(str(landing / "orders" / "ingest_date=*" / "*.jsonl"))
         .withColumn("file", F.input_file_name())
     )
-    lines = files.select(
+    return files.select(
         F.to_date(F.regexp_extract("file", r"ingest_date=([0-9-]{10})", 1)).alias("ingest_date"),
         F.regexp_extract("file", r"([^/]+)$", 1).alias("file_name"),
         F.posexplode(F.split("value", "\n")).alias("line_index", "line"),
     ).withColumn("line", F.regexp_replace("line", "\r$", ""))
-    lines = lines.where(F.col("ingest_date").between(first, last))  # the range's deliveries
-    parsed = lines.where(F.trim("line") != "").select(
+
+
+def order_fields(lines: DataFrame) -> DataFrame:
+    """The contract's fields of each non-blank line as text (`json_tuple`), untyped."""
+    return lines.where(F.trim("line") != "").select(
         "ingest_date",
         "file_name",
         "line_index",
         F.json_tuple("line", *_FIELDS).alias(*_FIELDS),
     )
+
+
+def _orders(
+    spark: SparkSession, landing: Path, known: list[str], first: date, last: date
+) -> DataFrame:
+    lines = order_lines(spark, landing)
+    parsed = order_fields(lines.where(F.col("ingest_date").between(first, last)))
     amount_ok = F.col("amount").rlike(r"^[0-9]+([.][0-9]*)?$") & (
         F.length(F.rtrim(F.regexp_extract("amount", r"[.]([0-9]*)$", 1), F.lit("0"))) <= 2
     )

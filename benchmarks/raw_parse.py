@@ -20,34 +20,15 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
 from backfill_platform.resources import SparkSessionResource
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.transforms.lines import read_lines
 from backfill_platform.transforms.orders import parse_orders
+from benchmarks.anchor_spark import order_fields, order_lines
 
 REPO = Path(__file__).resolve().parent.parent
-_FIELDS = ("order_id", "customer_id", "event_time", "updated_at", "status", "currency", "amount")
-
-
-def anchor_lines(spark: SparkSession, landing: Path) -> DataFrame:
-    """The plain Spark anchor's reader (benchmarks/anchor_spark.py): whole files, split."""
-    files = (
-        spark.read.option("wholetext", True)
-        .text(str(landing / "orders" / "ingest_date=*" / "*.jsonl"))
-        .withColumn("file", F.input_file_name())
-    )
-    return files.select(
-        F.regexp_extract("file", r"ingest_date=([0-9-]{10})", 1).alias("ingest_date"),
-        F.posexplode(F.split("value", "\n")).alias("line_index", "line"),
-    )
-
-
-def anchor_parse(spark: SparkSession, landing: Path) -> DataFrame:
-    lines = anchor_lines(spark, landing)
-    return lines.select("ingest_date", "line_index", F.json_tuple("line", *_FIELDS))
 
 
 def time_it(make: Callable[[], DataFrame], repeat: int) -> list[float]:
@@ -77,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         files = sorted(landing.glob("orders/*/*.jsonl"))
         lines = read_lines(spark, files, "ingest_date").count()
         cases = {
-            "anchor: text reader + split": lambda: anchor_lines(spark, landing),
-            "anchor: + json_tuple (untyped, no rules)": lambda: anchor_parse(spark, landing),
+            "anchor: text reader + split": lambda: order_lines(spark, landing),
+            "anchor: + json_tuple (untyped, no rules)": lambda: order_fields(
+                order_lines(spark, landing)
+            ),
             "platform: read_lines": lambda: read_lines(spark, files, "ingest_date"),
             "platform: read_lines + parse_orders (contract rules)": lambda: parse_orders(
                 read_lines(spark, files, "ingest_date")
