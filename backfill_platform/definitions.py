@@ -21,6 +21,7 @@ from backfill_platform.resources import (
 )
 from backfill_platform.resources.storage import is_uri
 from backfill_platform.settings import (
+    CRM_CONCURRENCY,
     CRM_LIMITER,
     CRM_LIVE_RESERVE,
     CRM_MAX_ATTEMPTS,
@@ -83,6 +84,7 @@ def build_crm(lakehouse_dir: str) -> CrmResource:
         rate_limit=int_setting(CRM_RATE_LIMIT),
         live_reserve=fraction_setting(CRM_LIVE_RESERVE),
         max_attempts=int_setting(CRM_MAX_ATTEMPTS),
+        concurrency=int_setting(CRM_CONCURRENCY),
         limiter_path=setting(CRM_LIMITER) or default_limiter_path(lakehouse_dir),
     )
 

@@ -47,6 +47,7 @@ CRM_TOKEN = EnvVar("BACKFILL_CRM_TOKEN")
 CRM_RATE_LIMIT = EnvVar("BACKFILL_CRM_RATE_LIMIT")
 CRM_LIVE_RESERVE = EnvVar("BACKFILL_CRM_LIVE_RESERVE")
 CRM_MAX_ATTEMPTS = EnvVar("BACKFILL_CRM_MAX_ATTEMPTS")
+CRM_CONCURRENCY = EnvVar("BACKFILL_CRM_CONCURRENCY")
 # The SQLite file of the cross-process rate limiter; empty: beside the lakehouse root.
 CRM_LIMITER = EnvVar("BACKFILL_CRM_LIMITER")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
@@ -86,6 +87,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_CRM_RATE_LIMIT": "20",
     "BACKFILL_CRM_LIVE_RESERVE": "0.25",
     "BACKFILL_CRM_MAX_ATTEMPTS": "8",
+    "BACKFILL_CRM_CONCURRENCY": "4",
     "BACKFILL_CRM_LIMITER": "",
     "DAGSTER_URL": "http://127.0.0.1:3000",
 }

@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from datetime import date
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -109,14 +110,37 @@ def test_injected_5xx_and_dropped_connections_are_retried(tmp_path):
     assert stats.transient_retries > 0 and statuses.get("503", 0) > 0 and statuses.get("0", 0) > 0
 
 
-def test_a_customer_failing_every_attempt_is_named(tmp_path):
+@pytest.mark.parametrize("concurrency, received", [(1, ["a/b c"]), (4, ["a/b c", "future"])])
+def test_a_customer_failing_every_attempt_is_named(tmp_path, concurrency, received):
     data = write_crm(tmp_path / "crm", HISTORIES)
     with start_crm_server(data, token=TOKEN, rate=100, extra=["--fail-id", "客户 42"]) as crm:
+        crm_client = client(crm.url, tmp_path, max_attempts=3, concurrency=concurrency)
         with pytest.raises(CrmError, match=r"customer '客户 42' failed after 3 attempts") as error:
-            client(crm.url, tmp_path, max_attempts=3).fetch(["a/b c", "客户 42", "future"])
-        assert crm.metrics()["by_status"] == {"200": 1, "503": 3}
-    # What was received before the failure is handed back to be kept; nothing after it.
-    assert [(a.customer_id, a.status) for a in error.value.answers] == [("a/b c", 200)]
+            crm_client.fetch(["a/b c", "客户 42", "future"])
+        assert crm.metrics()["by_status"] == {"200": len(received), "503": 3}
+    # Every answer the server gave is handed back to be kept, in the order asked: one at a
+    # time, nothing after the failure was asked; four at a time, "future" was in flight.
+    assert [(a.customer_id, a.status) for a in error.value.answers] == [(c, 200) for c in received]
+
+
+def test_calls_in_flight_hide_the_crms_latency_within_the_limit(tmp_path):
+    """Every answer takes 0.3 s: one at a time, arrivals are at least 0.3 s apart (3/s);
+    four in flight, the limiter's share (15/s) sets the pace and the server never sees
+    more, nor a 429, and the answers come back in the order asked."""
+    ids = [f"c{n:02d}" for n in range(30)]
+    data = write_crm(tmp_path / "crm", {c: [v("2024-01-01T00:00:00Z", "smb", "DE")] for c in ids})
+    slow = ["--slow-rate", "1", "--slow-seconds", "0.3"]
+    log = tmp_path / "requests.jsonl"
+    with start_crm_server(data, token=TOKEN, rate=20, log=log, extra=slow) as crm:
+        answers, stats = client(crm.url, tmp_path, rate_limit=20, concurrency=4).fetch(ids)
+        arrivals = sorted(e["t"] for e in crm.requests())
+    assert [a.customer_id for a in answers] == ids and {a.status for a in answers} == {200}
+    assert stats.requests == 30 and stats.throttled_429 == 0 and stats.statuses == {"200": 30}
+    gaps = [b - a for a, b in pairwise(arrivals)]
+    assert min(gaps) < 0.3, "no two calls were in flight at once"
+    assert peak_per_second(arrivals) <= 15
+    with pytest.raises(CrmError, match="BACKFILL_CRM_CONCURRENCY=0"):
+        client(crm.url, tmp_path, concurrency=0).fetch(ids)
 
 
 def test_a_missing_or_wrong_token_fails_clearly_without_printing_it(tmp_path):
