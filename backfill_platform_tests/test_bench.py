@@ -34,6 +34,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
         "duckdb",
         "platform",
         "platform_with_checks",
+        "platform_anchor_marts",
         "rerun",
         "per_partition_extrapolated",
         "rolling_window",
@@ -57,6 +58,9 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     # the independent anchors compute the platform's marts, row for row
     assert result["checks"]["plain_spark_equals_platform"]
     assert result["checks"]["duckdb_equals_platform"]
+    # like for like: the backfill without the CRM assets writes the same two marts
+    assert result["checks"]["anchor_marts_equals_platform"]
+    assert "platform_anchor_marts_over_plain_spark" in result["ratios"]
     assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
     assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
     crm = result["crm"]

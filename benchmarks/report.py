@@ -41,6 +41,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"({_checks(r['checks'].get('check_evaluations'))}) | "
         f"{sec['platform_with_checks']:.1f} | {rows_s['platform_with_checks']:,} | "
         f"{mem_of('platform_with_checks')} | {jobs('platform_with_checks')} |",
+        f"| platform, the anchors' assets only (no CRM assets; marts equal: "
+        f"{_yes(r['checks'].get('anchor_marts_equals_platform'))}) | "
+        f"{sec['platform_anchor_marts']:.1f} | {rows_s['platform_anchor_marts']:,} | "
+        f"{mem_of('platform_anchor_marts')} | {jobs('platform_anchor_marts')} |",
         f"| re-run: the same backfill again (no row changed: "
         f"{_yes(r['checks']['rerun_rows_unchanged'])}) | {sec['rerun']:.1f} | "
         f"{rows_s['rerun']:,} | {mem_of('rerun')} | {jobs('rerun')} |",
@@ -170,6 +174,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
         ("floor (platform transforms)", sec["floor"]),
         ("platform backfill", sec["platform"]),
         ("platform with checks", sec["platform_with_checks"]),
+        ("platform, no CRM assets", sec["platform_anchor_marts"]),
         ("re-run", sec["rerun"]),
         ("run per partition\n(warm session)", sec["per_partition_extrapolated_warm_session"]),
         ("run per partition\n(process per run)", sec["per_partition_extrapolated"]),
@@ -183,6 +188,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
         "#888888",
         "#1f77b4",
         "#08519c",
+        "#9ecae1",
         "#6baed6",
         "#fd8d3c",
         "#d94801",
