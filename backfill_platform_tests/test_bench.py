@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from benchmarks import bench
+from benchmarks import bench, large
 
 
 @pytest.mark.slow
@@ -74,3 +74,29 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert "| DuckDB: the contract as SQL" in out and "| plain Spark: a hand-written" in out
     # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
     assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)
+
+
+@pytest.mark.slow
+def test_bench_large_runs_end_to_end_and_reports_the_scale_point(tmp_path, spark, capsys):
+    code = large.run(
+        [
+            "--reference-days=2",
+            "--start=2024-01-01",
+            "--days=5",
+            "--orders-per-day=4",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert code == 0
+    (result_file,) = tmp_path.glob("*.json")
+    result = json.loads(result_file.read_text())
+    assert result["scale"]["partitions"] == 5 and result["scale"]["reference_partitions"] == 2
+    assert 0 < result["scale"]["reference_landing_lines"] < result["scale"]["landing_lines"]
+    per_million = result["seconds_per_million_lines"]
+    assert per_million["platform_large"] > 0 and per_million["platform_reference"] > 0
+    # the anchor's marts equal the platform's, and every partition is one active file
+    assert result["checks"]["plain_spark_equals_platform"]
+    assert result["checks"]["active_files_per_partition_max"] == 1
+    assert result["driver_jvm_peak_mb"]["large"] > 0
+    out = capsys.readouterr().out
+    assert "s per million lines" in out and "linear within 10%" in out
