@@ -146,7 +146,7 @@ bench-parse: install
 
 # One point at ten million landing lines (366 days x 14,000 orders/day, benchmarks/large.py):
 # seconds per million lines against an 80-day reference in the same session, driver JVM and
-# Python peaks, files per partition, the plain Spark anchor. About 20 minutes on 2 cores.
+# Python peaks, files per partition, the plain Spark anchor. 17 minutes on 2 idle cores.
 bench-large: install
 	$(PY) -m benchmarks.large --start $(BENCH_START) --days 366 --orders-per-day 14000 $(BENCH_ARGS)
 
