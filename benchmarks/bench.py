@@ -273,11 +273,6 @@ class Bench:
         from backfill_platform.definitions import all_assets
         from backfill_platform.reconcile import fingerprints
         from backfill_platform.runner import backfill
-        from backfill_platform.tables import (
-            FCT_REVENUE_BY_SEGMENT,
-            RAW_CRM_HISTORY,
-            STAGING_CUSTOMERS,
-        )
         from benchmarks.anchor_duckdb import write_duckdb_marts
         from benchmarks.anchor_spark import run_anchor_spark
         from benchmarks.floor import run_floor
@@ -327,22 +322,16 @@ class Bench:
         # Like for like with the anchors: the same backfill without the CRM assets (the
         # anchors call no CRM), from an empty lakehouse, so no ratio hides the demo CRM.
         anchor_resources, anchor_instance, _, _ = self._platform("anchor_marts")
-        crm_keys = {RAW_CRM_HISTORY, STAGING_CUSTOMERS, FCT_REVENUE_BY_SEGMENT}
         with self._phase("platform_anchor_marts"):
             runs["platform_anchor_marts"] = backfill(
-                [a for a in all_assets if not set(a.keys) & crm_keys],
+                without_crm(all_assets),
                 first,
                 last,
                 anchor_resources,
                 anchor_instance,
                 per_run=self.per_run,
             )
-        anchor_lake = anchor_resources["lakehouse"]
-        anchor_marts_same = all(
-            _digest(anchor_lake.read(f"marts/{name}"), cols)
-            == _digest(lake.read(f"marts/{name}"), cols)
-            for name, cols in (("fct_daily_revenue", FCT_COLUMNS), ("customer_ltv", LTV_COLUMNS))
-        )
+        anchor_marts_same = same_marts(anchor_resources["lakehouse"], lake)
 
         # The platform as users run it: the same backfill from an empty lakehouse, every run
         # also evaluating the checks of the assets it writes (a code location's runs do).
@@ -358,12 +347,7 @@ class Bench:
                 checks=all_checks,
             )
         evaluations = check_evaluations(checked_instance, runs["platform_with_checks"])
-        checked_lake = checked_resources["lakehouse"]
-        checked_same = all(
-            _digest(checked_lake.read(f"marts/{name}"), cols)
-            == _digest(lake.read(f"marts/{name}"), cols)
-            for name, cols in (("fct_daily_revenue", FCT_COLUMNS), ("customer_ltv", LTV_COLUMNS))
-        )
+        checked_same = same_marts(checked_resources["lakehouse"], lake)
 
         with self._phase("floor_2"):
             run_floor(self.spark, self.landing, self.days, self.work / "floor")
@@ -636,7 +620,7 @@ class Bench:
         """Both marts under out_dir (Parquet) hold the platform's rows: count and a hash sum,
         after casting to the platform's column types (engines pick other decimal scales)."""
         same = True
-        for name, cols in (("fct_daily_revenue", FCT_COLUMNS), ("customer_ltv", LTV_COLUMNS)):
+        for name, cols in MARTS:
             platform = lake.read(f"marts/{name}")
             types = {f.name: f.dataType for f in platform.schema.fields}
             ours = self.spark.read.parquet(str(out_dir / name))
@@ -701,6 +685,29 @@ class Bench:
                 }
             )
         return {"points": points, "fit": linear_fit(points), "ok": ok}
+
+
+MARTS = (("fct_daily_revenue", FCT_COLUMNS), ("customer_ltv", LTV_COLUMNS))
+
+
+def without_crm(assets: list) -> list:
+    """The assets the anchors compute too: every asset but the three CRM ones."""
+    from backfill_platform.tables import (
+        FCT_REVENUE_BY_SEGMENT,
+        RAW_CRM_HISTORY,
+        STAGING_CUSTOMERS,
+    )
+
+    crm_keys = {RAW_CRM_HISTORY, STAGING_CUSTOMERS, FCT_REVENUE_BY_SEGMENT}
+    return [a for a in assets if not set(a.keys) & crm_keys]
+
+
+def same_marts(lake, other) -> bool:
+    """Both lakehouses hold the same two marts: count and hash sum of each."""
+    return all(
+        _digest(lake.read(f"marts/{name}"), cols) == _digest(other.read(f"marts/{name}"), cols)
+        for name, cols in MARTS
+    )
 
 
 def _digest(df, cols: list[str], types: dict | None = None) -> tuple[int, int]:

@@ -79,9 +79,7 @@ def list_local_dir(path: str) -> list[StoredObject]:
             if e.is_dir() or e.is_file():
                 stat = e.stat()
                 entries.append(
-                    StoredObject(
-                        str(root / e.name), e.name, stat.st_size, stat.st_mtime_ns, e.is_dir()
-                    )
+                    StoredObject(e.path, e.name, stat.st_size, stat.st_mtime_ns, e.is_dir())
                 )
     return sorted(entries, key=lambda e: e.name)
 
