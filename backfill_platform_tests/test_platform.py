@@ -105,6 +105,31 @@ def test_customer_ltv_refuses_to_skip_ahead_and_ranges_equal_day_by_day(platform
     assert not any(r["customer_id"] is None for r in ranged)
 
 
+@pytest.mark.slow
+def test_raw_counts_come_from_the_write_on_a_first_ingest_and_a_reingest(platform):
+    """raw/orders' row counts are Spark observations of the write itself (no cache on a
+    first ingest); a re-ingest, which the guard compares first, reports the same."""
+    platform.write_rates(DAYS[0], {"EUR": "1.10"})
+    platform.write_orders(DAYS[0], [order_line("a"), "", "  ", "{not json", order_line("b")])
+    platform.write_orders(
+        DAYS[1],
+        [order_line("c", "2023-12-31T23:00:00Z"), order_line("d", "2024-01-02T01:00:00Z")],
+        name="p.jsonl",
+    )
+    expected = {
+        DAYS[0]: {"rows": 3, "blank_lines_skipped": 2, "invalid_rows": 1, "late_rows": 0},
+        DAYS[1]: {"rows": 2, "blank_lines_skipped": 0, "invalid_rows": 0, "late_rows": 1},
+    }
+    for _ in ("first ingest", "re-ingest"):
+        for day, counts in expected.items():
+            result = platform.materialize(day, selection=["raw/orders", "raw/fx_rates"])
+            (mat,) = result.asset_materializations_for_node("raw__orders")
+            assert {k: mat.metadata[k].value for k in counts} == counts
+            assert mat.metadata["rows_written"].value == counts["rows"]
+            (fx,) = result.asset_materializations_for_node("raw__fx_rates")
+            assert fx.metadata["rows"].value == (1 if day == DAYS[0] else 0)
+
+
 def test_definitions_load_with_every_contract_asset_key():
     from backfill_platform.definitions import defs
 

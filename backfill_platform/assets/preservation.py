@@ -15,7 +15,6 @@ from datetime import date
 from dagster import AssetExecutionContext, AssetKey, Config, Failure, MetadataValue
 from pydantic import Field
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
 from backfill_platform.resources.lakehouse import LakehouseResource
@@ -45,39 +44,57 @@ class SourceLoss:
         return f"{self.day} {self.file_name}: {self.rows_in_raw} rows in raw, {now}"
 
 
-def source_losses(
-    lake: LakehouseResource, key: AssetKey, incoming: DataFrame, start: date, end: date
-) -> list[SourceLoss]:
-    """Files of [start, end) that raw holds more rows of than the re-ingest delivers."""
+def held_rows(
+    lake: LakehouseResource, key: AssetKey, start: date, end: date
+) -> dict[tuple[date, str], int]:
+    """Rows raw holds per (day, file) in [start, end); empty for days never ingested.
+
+    Asked before the delivery is parsed: a first ingest holds nothing, so it needs no
+    comparison, and the parse can stream into the write without being cached.
+    """
     if not lake.exists(key):
+        return {}
+    day_column = table(key).partition_column
+    return {
+        (r[day_column], r["file_name"]): r["count"]
+        for r in lake.read_partitions(key, start, end)
+        .groupBy(day_column, "file_name")
+        .count()
+        .collect()
+    }
+
+
+def source_losses(
+    key: AssetKey, held: dict[tuple[date, str], int], incoming: DataFrame
+) -> list[SourceLoss]:
+    """Files that raw holds more rows of than the re-ingest delivers, by day and name."""
+    if not held:
         return []
     day_column = table(key).partition_column
-    held = lake.read_partitions(key, start, end).groupBy(day_column, "file_name").count()
-    delivered = (
-        incoming.groupBy(day_column, "file_name").count().withColumnRenamed("count", "delivered")
-    )
-    rows = (
-        held.join(delivered, [day_column, "file_name"], "left")
-        .where(F.col("delivered").isNull() | (F.col("delivered") < F.col("count")))
-        .orderBy(day_column, "file_name")
-        .collect()
-    )
+    delivered = {
+        (r[day_column], r["file_name"]): r["count"]
+        for r in incoming.groupBy(day_column, "file_name").count().collect()
+    }
     return [
-        SourceLoss(r[day_column], r["file_name"], r["count"], r["delivered"] or 0) for r in rows
+        SourceLoss(day, name, rows, delivered.get((day, name), 0))
+        for (day, name), rows in sorted(held.items())
+        if delivered.get((day, name), 0) < rows
     ]
 
 
 def guard_source(
     context: AssetExecutionContext,
     config: SourcePreservationConfig,
-    lake: LakehouseResource,
     key: AssetKey,
+    held: dict[tuple[date, str], int],
     incoming: DataFrame,
-    start: date,
-    end: date,
 ) -> None:
-    """Fail before writing when the re-ingest would lose rows, unless a purge is allowed."""
-    losses = source_losses(lake, key, incoming, start, end)
+    """Fail before writing when the re-ingest would lose rows, unless a purge is allowed.
+
+    `held` is `held_rows` of the run's range; `incoming` the rows about to replace them
+    (cache it when `held` is not empty: the write reads it again).
+    """
+    losses = source_losses(key, held, incoming)
     if not losses:
         return
     listed = "; ".join(loss.describe() for loss in losses[:20])

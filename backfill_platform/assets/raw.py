@@ -6,20 +6,25 @@ and a `reject_reason`, so staging can quarantine them and reconciliation can cou
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, asset
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from backfill_platform.assets.common import chunked_backfill_policy, run_dates
-from backfill_platform.assets.preservation import SourcePreservationConfig, guard_source
+from backfill_platform.assets.preservation import (
+    SourcePreservationConfig,
+    guard_source,
+    held_rows,
+)
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import (
     LakehouseResource,
     LandingZoneResource,
     SparkSessionResource,
 )
+from backfill_platform.resources.delta_io_manager import ObservedFrame
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS, table
-from backfill_platform.transforms.fx import bad_headers, conflicting_rates, parse_rates
+from backfill_platform.transforms.fx import fx_problems, parse_rates
 from backfill_platform.transforms.lines import read_lines
 from backfill_platform.transforms.orders import parse_orders
 
@@ -40,40 +45,41 @@ def raw_orders(
     spark: SparkSessionResource,
     landing: LandingZoneResource,
     lakehouse: LakehouseResource,
-) -> DataFrame:
+) -> ObservedFrame:
     """Order lines of the run's ingest days, with parsed fields and a reject reason.
 
-    Refuses to replace raw by fewer lines than it holds (see assets/preservation.py).
+    Refuses to replace raw by fewer lines than it holds (see assets/preservation.py). The
+    row counts of the metadata are taken inside the write (`ObservedFrame`): a first
+    ingest reads and parses the delivery once, straight into the Delta files; only a
+    re-ingest, which the guard compares first, caches the parsed rows.
     """
     files = landing.files(ORDERS, context.partition_keys)
+    held = held_rows(lakehouse, RAW_ORDERS, *run_dates(context))
     lines = read_lines(spark.get_session(), files, "ingest_date")
-    # Blank lines are parsed and cached too, so one pass over the files counts them.
+    # Blank lines are parsed too, so one pass over the files counts them.
     every_line = (
         parse_orders(lines)
         .withColumnRenamed("day", "ingest_date")
         .withColumn("_loaded_at", F.current_timestamp())
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    parsed = every_line.where(~F.col("is_blank")).drop("is_blank")
-    guard_source(context, config, lakehouse, RAW_ORDERS, parsed, *run_dates(context))
-    stats = every_line.agg(
+    if held:
+        every_line = every_line.persist(StorageLevel.MEMORY_AND_DISK)
+    guard_source(context, config, RAW_ORDERS, held, every_line.where(~F.col("is_blank")))
+    stats = Observation("raw_orders")
+    observed = every_line.observe(
+        stats,
         F.count(F.when(~F.col("is_blank"), True)).alias("rows"),
+        F.count(F.when(F.col("is_blank"), True)).alias("blank_lines_skipped"),
         F.count(F.when(~F.col("is_blank"), F.col("reject_reason"))).alias("invalid_rows"),
         F.count(F.when(F.col("event_date") < F.col("ingest_date"), True)).alias("late_rows"),
-        F.count(F.when(F.col("is_blank"), True)).alias("blank"),
-    ).first()
-    blank = stats["blank"]
+    )
     context.add_output_metadata(
         {
             "landing_files": len(files),
-            "rows": stats["rows"],
-            "blank_lines_skipped": blank,
-            "invalid_rows": stats["invalid_rows"],
-            "late_rows": stats["late_rows"],
             "files": MetadataValue.md("\n".join(f"- `{f}`" for f in files[:50]) or "none"),
         }
     )
-    return parsed
+    return ObservedFrame(observed.where(~F.col("is_blank")).drop("is_blank"), stats)
 
 
 @asset(
@@ -92,25 +98,28 @@ def raw_fx_rates(
     spark: SparkSessionResource,
     landing: LandingZoneResource,
     lakehouse: LakehouseResource,
-) -> DataFrame:
-    """Rate lines of the run's rate days; a bad header or a conflicting rate fails the run."""
+) -> ObservedFrame:
+    """Rate lines of the run's rate days; a bad header or a conflicting rate fails the run.
+
+    A few kilobytes per run: the files are read once into a cache that the header and
+    conflict checks, the guard and the write share; the counts come from the write.
+    """
     files = landing.files(FX_RATES, context.partition_keys)
+    held = held_rows(lakehouse, RAW_FX_RATES, *run_dates(context))
     lines = read_lines(spark.get_session(), files, "rate_date").persist()
-    headers = bad_headers(lines) if files else []
+    rates = parse_rates(lines).withColumn("_loaded_at", F.current_timestamp())
+    headers, conflicts = fx_problems(lines, rates) if files else ([], [])
     if headers:
         raise Failure(
             "FX files without the header 'currency,usd_per_unit': " + "; ".join(headers),
             metadata={"files": MetadataValue.json(headers)},
         )
-    rates = parse_rates(lines).withColumn("_loaded_at", F.current_timestamp()).persist()
-    conflicts = conflicting_rates(rates)
     if conflicts:
         raise Failure("Two different rates for one currency and day: " + "; ".join(conflicts))
-    guard_source(context, config, lakehouse, RAW_FX_RATES, rates, *run_dates(context))
-    stats = rates.agg(
-        F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
-    ).first()
-    context.add_output_metadata(
-        {"landing_files": len(files), "rows": stats["rows"], "invalid_rows": stats["invalid_rows"]}
+    guard_source(context, config, RAW_FX_RATES, held, rates)
+    stats = Observation("raw_fx_rates")
+    observed = rates.observe(
+        stats, F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
     )
-    return rates
+    context.add_output_metadata({"landing_files": len(files)})
+    return ObservedFrame(observed, stats)

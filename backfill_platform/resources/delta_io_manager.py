@@ -10,6 +10,8 @@ production asset in a run that carries it, is refused before anything is written
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dagster import (
     AssetKey,
     ConfigurableIOManager,
@@ -20,7 +22,7 @@ from dagster import (
     OutputContext,
 )
 from pydantic import PrivateAttr
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
@@ -28,6 +30,17 @@ from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shad
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
 PARTITION_EXPR = "partition_expr"
+
+
+@dataclass(frozen=True)
+class ObservedFrame:
+    """A DataFrame to write and an `Observation` on it (`DataFrame.observe`): aggregates
+    Spark computes inside the write job itself, added to the output's metadata once the
+    commit is done. Counting the rows about to be written would otherwise take a pass of
+    its own, or a cache of every row (raw/orders: the whole parsed delivery)."""
+
+    df: DataFrame
+    observation: Observation
 
 
 class DeltaIOManager(ConfigurableIOManager):
@@ -57,15 +70,16 @@ class DeltaIOManager(ConfigurableIOManager):
             )
         return self.lakehouse.shadowing(self._shadow_suffix, [production]), production
 
-    def handle_output(self, context: OutputContext, obj: DataFrame | None) -> None:
+    def handle_output(self, context: OutputContext, obj: DataFrame | ObservedFrame | None) -> None:
         if obj is None:
             return
+        observed = obj if isinstance(obj, ObservedFrame) else None
         lakehouse, key = self._table(context.asset_key, writing=True)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
         commit = lakehouse.replace_range(
             key,
-            obj,
+            observed.df if observed else obj,
             partition_column=column,
             start=window.start.date(),
             end=window.end.date(),
@@ -80,6 +94,8 @@ class DeltaIOManager(ConfigurableIOManager):
                 "rows_replaced": commit.rows_removed,
                 "partition_range": f"[{window.start.date()}, {window.end.date()})",
                 "table_path": MetadataValue.path(lakehouse.table_path(key)),
+                # Only after a successful write: Observation.get waits for the first action.
+                **(observed.observation.get if observed else {}),
             }
         )
 

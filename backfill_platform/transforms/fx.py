@@ -23,7 +23,7 @@ class FxRateError(ValueError):
 def parse_rates(lines: DataFrame) -> DataFrame:
     """Rate lines with typed currency and usd_per_unit; `reject_reason` for unusable lines.
 
-    The header is checked per file by the caller (`bad_headers`); it is not a rate line.
+    The header is checked per file by the caller (`fx_problems`); it is not a rate line.
     """
     data = lines.where(~F.col("is_blank"))
     first = F.min("line_number").over(_per_file())
@@ -54,28 +54,48 @@ def parse_rates(lines: DataFrame) -> DataFrame:
     )
 
 
-def bad_headers(lines: DataFrame) -> list[str]:
-    """Files whose first non-blank line is not the contract's header, as 'path (line N)'."""
+def fx_problems(lines: DataFrame, rates: DataFrame) -> tuple[list[str], list[str]]:
+    """Files whose first non-blank line is not the contract's header, as 'path (line N)',
+    and (day, currency) pairs delivered with two different valid rates: which one is true?
+
+    One Spark job for both: each is a tiny aggregation over a few KB, and a job costs more
+    than its work here.
+    """
     data = lines.where(~F.col("is_blank"))
-    firsts = (
-        data.withColumn("_first", F.min("line_number").over(_per_file()))
-        .where((F.col("line_number") == F.col("_first")) & (F.col("line") != HEADER))
-        .select("_source_path", "line_number", "line")
-        .collect()
+    headers = data.withColumn("_first", F.min("line_number").over(_per_file())).where(
+        (F.col("line_number") == F.col("_first")) & (F.col("line") != HEADER)
     )
-    return [f"{r['_source_path']} (line {r['line_number']}: {r['line'][:80]!r})" for r in firsts]
-
-
-def conflicting_rates(rates: DataFrame) -> list[str]:
-    """(day, currency) pairs delivered with two different valid rates: which one is true?"""
-    rows = (
+    conflicts = (
         rates.where(F.col("reject_reason").isNull())
         .groupBy("rate_date", "currency")
         .agg(F.countDistinct("usd_per_unit").alias("n"), F.collect_set("file_name").alias("files"))
         .where("n > 1")
+    )
+    found = (
+        headers.select(
+            F.lit("header").alias("kind"),
+            F.struct("_source_path", "line_number", "line").alias("header"),
+            F.lit(None)
+            .cast("struct<rate_date:date,currency:string,files:array<string>>")
+            .alias("conflict"),
+        )
+        .unionByName(
+            conflicts.select(
+                F.lit("conflict").alias("kind"),
+                F.lit(None)
+                .cast("struct<_source_path:string,line_number:int,line:string>")
+                .alias("header"),
+                F.struct("rate_date", "currency", "files").alias("conflict"),
+            )
+        )
         .collect()
     )
-    return [f"{r['rate_date']} {r['currency']} in {sorted(r['files'])}" for r in rows]
+    bad = sorted(r["header"] for r in found if r["kind"] == "header")
+    conflicting = sorted(r["conflict"] for r in found if r["kind"] == "conflict")
+    return (
+        [f"{h['_source_path']} (line {h['line_number']}: {h['line'][:80]!r})" for h in bad],
+        [f"{c['rate_date']} {c['currency']} in {sorted(c['files'])}" for c in conflicting],
+    )
 
 
 def point_in_time_rates(pairs: DataFrame, rates: DataFrame) -> DataFrame:
