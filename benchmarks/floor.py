@@ -48,7 +48,7 @@ def run_floor(spark: SparkSession, landing_dir: Path, days: list[date], out_dir:
         daily_revenue(orders_usd).write.mode("overwrite").parquet(
             str(out_dir / "fct_daily_revenue")
         )
-        customer_ltv(spark, orders_usd, None, days).write.mode("overwrite").parquet(
+        customer_ltv(orders_usd, None, days).write.mode("overwrite").parquet(
             str(out_dir / "customer_ltv")
         )
     finally:

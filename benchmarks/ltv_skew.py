@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         days = [first + timedelta(days=i) for i in range(args.days)]
         results = [
             measure(spark, "naive", naive_ltv(orders)),
-            measure(spark, "mitigated", customer_ltv(spark, orders, None, days)),
+            measure(spark, "mitigated", customer_ltv(orders, None, days)),
         ]
         for result in results:
             print(json.dumps(result))

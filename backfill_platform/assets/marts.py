@@ -121,6 +121,6 @@ def customer_ltv(
             )
         base = previous.where(F.col(table(CUSTOMER_LTV).partition_column) == F.lit(day_before))
     orders = _orders_in_usd(staged, fx, spark.get_session())
-    return compute_customer_ltv(spark.get_session(), orders, base, run.days()).withColumn(
+    return compute_customer_ltv(orders, base, run.days()).withColumn(
         "_loaded_at", F.current_timestamp()
     )
