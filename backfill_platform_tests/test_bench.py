@@ -36,6 +36,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
         "platform_with_checks",
         "platform_anchor_marts",
         "rerun",
+        "rerun_anchor_marts",
         "per_partition_extrapolated",
         "rolling_window",
     ):
@@ -61,6 +62,15 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     # like for like: the backfill without the CRM assets writes the same two marts
     assert result["checks"]["anchor_marts_equals_platform"]
     assert "platform_anchor_marts_over_plain_spark" in result["ratios"]
+    assert result["checks"]["anchor_marts_rerun_rows_unchanged"]
+    assert result["targets"]["rerun_over_first"]["target"] == "1 ± 0.05"
+    # Dagster's event log: every backfill's per-partition events, priced in the session
+    events = result["dagster_events"]
+    assert events["price"]["ms_per_event"] > 0 and events["price"]["ms_per_check_evaluation"] > 0
+    checked = events["phases"]["platform_with_checks"]
+    assert checked["ASSET_MATERIALIZATION"] == checked["ASSET_MATERIALIZATION_PLANNED"] == 27
+    assert checked["ASSET_CHECK_EVALUATION"] == evaluations["evaluated"]
+    assert checked["estimated_seconds"] > events["phases"]["platform"]["estimated_seconds"] > 0
     assert result["scale"]["raw_rows"] > 0 and result["machine"]["cpus"] >= 1
     assert result["files_per_partition"]["raw/orders"]["active_max"] == 1
     crm = result["crm"]
@@ -71,6 +81,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     out = capsys.readouterr().out
     assert "| platform: full backfill" in out and "CRM: the full backfill made" in out
     assert "| platform with checks: the same" in out
+    assert "Dagster's event log, priced on" in out and "| platform_with_checks |" in out
     assert "| DuckDB: the contract as SQL" in out and "| plain Spark: a hand-written" in out
     # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
     assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)

@@ -23,6 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks import dagster_events
 from benchmarks.measure import MemorySampler, SparkLog, load_average, machine_info, stopwatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,9 +44,11 @@ TARGETS = {
     "platform_with_checks_over_plain_spark": ("<=", 1.5),
     "platform_over_duckdb": ("<=", 3.0),
     "per_partition_over_chunked": (">=", 20.0),
-    # "Within 10%" both ways: a re-run much faster than the first run would mean the first
-    # paid for something the re-run skipped (JVM warm-up, table creation), not idempotence.
-    "rerun_over_first": ("within", 0.10),
+    # Within 5 % both ways (issue 18): a re-run much faster than the first run would mean the
+    # first paid for something the re-run skipped (JVM warm-up, table creation), not
+    # idempotence. Measured without the CRM assets, whose first backfill calls the CRM once
+    # per customer and whose re-run, by contract, calls it zero times.
+    "rerun_over_first": ("within", 0.05),
     "rolling_window_seconds": ("<", 60.0),
 }
 
@@ -332,6 +335,17 @@ class Bench:
                 per_run=self.per_run,
             )
         anchor_marts_same = same_marts(anchor_resources["lakehouse"], lake)
+        anchor_before = fingerprints(anchor_resources["lakehouse"])
+        with self._phase("rerun_anchor_marts"):
+            runs["rerun_anchor_marts"] = backfill(
+                without_crm(all_assets),
+                first,
+                last,
+                anchor_resources,
+                anchor_instance,
+                per_run=self.per_run,
+            )
+        anchor_rerun_same = fingerprints(anchor_resources["lakehouse"]) == anchor_before
 
         # The platform as users run it: the same backfill from an empty lakehouse, every run
         # also evaluating the checks of the assets it writes (a code location's runs do).
@@ -406,6 +420,22 @@ class Bench:
                 window_ok &= self._warm_window(resources, instance, window_first, new_day)
             warm.append(self.seconds[f"rolling_window_warm_{i + 1}"])
         files = files_per_partition(lake)
+        # Dagster's event log: the events each backfill wrote, priced on the same storage.
+        _say("pricing Dagster's event log on deploy/dagster.yaml ...")
+        instances = {
+            "platform": instance,
+            "rerun": instance,
+            "platform_anchor_marts": anchor_instance,
+            "rerun_anchor_marts": anchor_instance,
+            "platform_with_checks": checked_instance,
+        }
+        dagster = dagster_events.summary(
+            {
+                name: dagster_events.events_of(inst, [r.run_id for r in runs[name]])
+                for name, inst in instances.items()
+            },
+            dagster_events.price(REPO / "deploy" / "dagster.yaml"),
+        )
 
         scaling = self._scaling(n, raw_rows, runs)
         spark_log = SparkLog.read(self.events if self.spark_log_enabled else None)
@@ -421,6 +451,7 @@ class Bench:
                 "rerun",
                 "platform_anchor_marts",
                 "platform_with_checks",
+                "rerun_anchor_marts",
                 "floor_2",
                 "plain_spark",
                 "per_partition_sample_warm",
@@ -435,6 +466,7 @@ class Bench:
         platform, rerun = self.seconds["platform"], self.seconds["rerun"]
         with_checks = self.seconds["platform_with_checks"]
         anchor_marts = self.seconds["platform_anchor_marts"]
+        anchor_rerun = self.seconds["rerun_anchor_marts"]
         per_part_warm = self.seconds["per_partition_sample_warm"] / len(sample) * n
         per_part_cold = (
             self.seconds["per_partition_sample_cold"] / len(cold) * n if cold else per_part_warm
@@ -449,6 +481,7 @@ class Bench:
             "platform_with_checks": with_checks,
             "platform_anchor_marts": anchor_marts,
             "rerun": rerun,
+            "rerun_anchor_marts": anchor_rerun,
             "per_partition_extrapolated": round(per_part_cold, 1),
             "per_partition_extrapolated_warm_session": round(per_part_warm, 1),
             "rolling_window": self.seconds.get("rolling_window", warm_window),
@@ -464,12 +497,14 @@ class Bench:
             "platform_over_duckdb": round(platform / duckdb, 2),
             "per_partition_over_chunked": round(per_part_cold / platform, 1),
             "per_partition_warm_over_chunked": round(per_part_warm / platform, 1),
-            "rerun_over_first": round(rerun / platform, 3),
+            "rerun_over_first": round(anchor_rerun / anchor_marts, 3),
+            "rerun_over_first_with_crm": round(rerun / platform, 3),
         }
         all_runs = [r for rs in runs.values() for r in rs]
         checks = {
             "all_runs_succeeded": all(r.success for r in all_runs) and cold_ok and window_ok,
             "rerun_rows_unchanged": rerun_same,
+            "anchor_marts_rerun_rows_unchanged": anchor_rerun_same,
             "with_checks_equals_platform": checked_same,
             "anchor_marts_equals_platform": anchor_marts_same,
             "check_evaluations": evaluations,
@@ -483,6 +518,7 @@ class Bench:
         checks["all_ok"] = bool(
             checks["all_runs_succeeded"]
             and rerun_same
+            and anchor_rerun_same
             and checked_same
             and anchor_marts_same
             and evaluations["evaluated"] > 0
@@ -534,6 +570,7 @@ class Bench:
                 "platform_with_checks": round(raw_rows / with_checks),
                 "platform_anchor_marts": round(raw_rows / anchor_marts),
                 "rerun": round(raw_rows / rerun),
+                "rerun_anchor_marts": round(raw_rows / anchor_rerun),
             },
             "memory_peak_mb": self.memory,
             "checks": checks,
@@ -543,6 +580,7 @@ class Bench:
             "platform_with_checks_steps": steps_with_checks,
             "scaling": scaling,
             "crm": crm,
+            "dagster_events": dagster,
             "machine": machine_info(self.spark),
         }
 

@@ -48,6 +48,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"| re-run: the same backfill again (no row changed: "
         f"{_yes(r['checks']['rerun_rows_unchanged'])}) | {sec['rerun']:.1f} | "
         f"{rows_s['rerun']:,} | {mem_of('rerun')} | {jobs('rerun')} |",
+        f"| re-run of the anchors' assets only (no row changed: "
+        f"{_yes(r['checks']['anchor_marts_rerun_rows_unchanged'])}) | "
+        f"{sec['rerun_anchor_marts']:.1f} | {rows_s['rerun_anchor_marts']:,} | "
+        f"{mem_of('rerun_anchor_marts')} | {jobs('rerun_anchor_marts')} |",
     ]
     if s["new_process_per_run_measured"]:
         lines.append(
@@ -103,6 +107,7 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         *crm_lines,
         *([""] if crm_lines else []),
+        *_dagster_events(r.get("dagster_events"), sec),
         "Where the platform's time goes (full backfill, per Dagster step):",
         "",
         "| step | seconds | Spark busy s | Spark jobs |",
@@ -176,6 +181,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
         ("platform with checks", sec["platform_with_checks"], "#08519c"),
         ("platform, no CRM assets", sec["platform_anchor_marts"], "#9ecae1"),
         ("re-run", sec["rerun"], "#6baed6"),
+        ("re-run, no CRM assets", sec["rerun_anchor_marts"], "#c6dbef"),
         (
             "run per partition\n(warm session)",
             sec["per_partition_extrapolated_warm_session"],
@@ -229,6 +235,30 @@ def chart(r: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _dagster_events(events: dict | None, sec: dict[str, Any]) -> list[str]:
+    """What Dagster's event log cost each backfill, at the price measured in the session."""
+    if not events:
+        return []
+    price = events["price"]
+    lines = [
+        f"Dagster's event log, priced on deploy/dagster.yaml's storage in this session: "
+        f"{price['ms_per_event']} ms per asset event (planned, materialization, "
+        f"observation), {price['ms_per_check_evaluation']} ms per check evaluation.",
+        "",
+        "| backfill | seconds | planned | materialized | observed | check evaluations | "
+        "all events | their cost s | share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, e in events["phases"].items():
+        lines.append(
+            f"| {name} | {sec[name]:.1f} | {e['ASSET_MATERIALIZATION_PLANNED']:,} | "
+            f"{e['ASSET_MATERIALIZATION']:,} | {e['ASSET_OBSERVATION']:,} | "
+            f"{e['ASSET_CHECK_EVALUATION']:,} | {e['total']:,} | {e['estimated_seconds']} | "
+            f"{e['estimated_seconds'] / sec[name]:.0%} |"
+        )
+    return [*lines, ""]
 
 
 def _checks(counts: dict | None) -> str:
