@@ -89,6 +89,9 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         f"| rolling-window cycle, warm shared session (mean) | "
         f"{sec['rolling_window_warm_session'] or 0:.1f} | | {mem_of('rolling_window_warm_1')} | |",
+        f"| fixed cost: {s['platform_runs']} runs x {sec['per_run_overhead']} s per run "
+        "(the one-run-per-partition sample beyond its days' share of the re-run) | "
+        f"{sec['fixed_cost_per_backfill']} | | | |",
         "",
         "| target | goal | measured | met |",
         "|---|---|---:|---|",
