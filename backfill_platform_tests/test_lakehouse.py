@@ -1,9 +1,5 @@
 """The write path itself: replace a range atomically, refuse what would corrupt the table."""
 
-import json
-import subprocess
-import sys
-import textwrap
 from datetime import date
 from pathlib import Path
 
@@ -181,70 +177,3 @@ def test_a_uri_root_is_addressed_as_a_uri(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no `s3a:` folder appeared in the working dir
     local = LakehouseResource(root_dir=str(tmp_path / "lake"), spark=spark_resource_for_tests())
     assert local.table_path("raw/orders") == str((tmp_path / "lake" / "raw" / "orders").resolve())
-
-
-WRITER = textwrap.dedent(
-    """
-    import sys
-    from datetime import date, timedelta
-    from pyspark.sql import functions as F
-    from backfill_platform.resources import LakehouseResource, SparkSessionResource
-
-    root, day, barrier = sys.argv[1], date.fromisoformat(sys.argv[2]), sys.argv[3]
-    spark_resource = SparkSessionResource(master="local[1]", shuffle_partitions=1)
-    lake = LakehouseResource(root_dir=root, spark=spark_resource)
-    spark = spark_resource.get_session()
-    df = spark.createDataFrame([(day.isoformat(), i) for i in range(100)], "d string, v int")
-    df = df.select(F.to_date("d").alias("d"), "v")
-    import os, time
-    # Start line: commit only once every writer's JVM is up, so the commits really race.
-    open(barrier + "." + sys.argv[2], "w").close()
-    folder, writers = os.path.dirname(barrier), int(sys.argv[4])
-    while len([p for p in os.listdir(folder) if p.startswith("go")]) < writers:
-        time.sleep(0.05)
-    end = day + timedelta(days=1)
-    lake.replace_range("raw/shared", df, "d", day, end, {"writer": sys.argv[2]})
-    """
-)
-
-
-@pytest.mark.slow
-def test_concurrent_processes_writing_disjoint_partitions_lose_no_commit(lake, spark, tmp_path):
-    """Four separate JVMs commit to one table at once; every partition must be there.
-
-    Delta's local log store is only safe within one JVM; the lakehouse's file lock is what
-    makes this pass (without it, two writers can both claim the same version number).
-    """
-    # Create the table first so the writers race on commits, not on table creation.
-    lake.replace_range(
-        "raw/shared",
-        _days(spark, [("2024-01-01", 0)]),
-        "d",
-        date(2024, 1, 1),
-        date(2024, 1, 2),
-        {},
-    )
-    barrier_dir = tmp_path / "barrier"
-    barrier_dir.mkdir()
-    days = ["2024-02-01", "2024-02-02", "2024-02-03", "2024-02-04"]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WRITER, lake.root_dir, day, str(barrier_dir / "go"), "4"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for day in days
-    ]
-    outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
-    counts = {
-        str(r["d"]): r["n"]
-        for r in lake.read("raw/shared").groupBy("d").agg(F.count("*").alias("n")).collect()
-    }
-    assert counts == {"2024-01-01": 1, **{d: 100 for d in days}}
-    history = lake.history("raw/shared")
-    assert sorted(h["version"] for h in history) == list(range(5))
-    writers = sorted(h["metadata"].get("writer") for h in history if h["metadata"].get("writer"))
-    assert writers == days
-    assert Path(lake.table_path("raw/shared"), "_delta_log").is_dir()
-    json.dumps(history, default=str)  # history is plain data
