@@ -6,6 +6,7 @@ The correction runs as a shadow backfill of the marts, is validated, cut over at
 rebuilt downstream, rolled back, cut over again and decommissioned.
 """
 
+import hashlib
 import json
 import threading
 from datetime import date
@@ -37,13 +38,14 @@ from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
-from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
     RAW_FX_RATES,
     RAW_ORDERS,
     SHADOW_SUFFIX_TAG,
+    STAGING_CUSTOMERS,
     shadow_key,
 )
 from backfill_platform.transforms.fx import with_usd
@@ -389,6 +391,62 @@ def test_shadow_assets_refuse_a_run_without_a_valid_suffix_tag(ops_env):
     assert not tagged.success
     assert not list(platform.lakehouse.glob("marts/*__shadow_*"))
     assert {t: platform.version(t) for t in MARTS.split(",")} == versions
+
+
+def lakehouse_checksum(root) -> dict[str, str]:
+    """Every file under the lakehouse root (Delta logs, data files, locks) by its sha256."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_shadow_twins_write_only_their_shadow_never_production(ops_env):
+    """Every shadow twin selected in one run without the suffix tag writes nothing anywhere
+    (staging/customers, which writes itself, included); with the tag, the customers twin
+    writes its shadow even before that shadow exists, and production is untouched."""
+    platform = ops_env
+    deliver(platform)
+    platform.materialize(DAYS[0], DAYS[2])
+    before = lakehouse_checksum(platform.lakehouse)
+    assert any(name.startswith("staging/customers/_delta_log/") for name in before)
+    everything = [*all_assets, *shadow_assets]
+    twins = [key for d in shadow_assets for key in d.keys]
+    assert shadow_key(STAGING_CUSTOMERS) in twins
+    untagged = materialize_range(
+        everything,
+        DAYS[0],
+        DAYS[2],
+        platform.resources,
+        platform.instance,
+        selection=twins,
+        raise_on_error=False,
+    )
+    assert not untagged.success
+    failures = [e for e in untagged.all_events if e.is_step_failure]
+    assert failures and all(
+        f"needs the run tag {SHADOW_SUFFIX_TAG}" in e.event_specific_data.error.message
+        for e in failures
+    )
+    assert lakehouse_checksum(platform.lakehouse) == before
+
+    tagged = materialize_range(
+        everything,
+        DAYS[0],
+        DAYS[2],
+        platform.resources,
+        platform.instance,
+        selection=[shadow_key(STAGING_CUSTOMERS)],
+        tags={SHADOW_SUFFIX_TAG: "crmfix"},
+    )
+    assert tagged.success
+    after = lakehouse_checksum(platform.lakehouse)
+    changed = {name for name in after if before.get(name) != after[name]}
+    assert changed and all(
+        name.startswith(("staging/customers__shadow_crmfix/", "_locks/")) for name in changed
+    ), sorted(changed)
+    assert platform.rows("staging/customers__shadow_crmfix") == platform.rows("staging/customers")
 
 
 def shadow_version(platform: Platform, table: str) -> int | None:

@@ -146,18 +146,16 @@ def staging_customers(
 
     The read of raw and the overwrite happen under this table's lock, so a run that
     finished later always writes a table holding every answer kept before it."""
+    # A twin (shadow/staging/customers) writes its run's shadow, never production.
+    target, key = lakehouse.run_target(context.asset_key)
     if not lakehouse.exists(RAW_CRM_HISTORY):
         raise Failure("raw/crm_customer_history has not been built; materialize it first.")
-    with lakehouse.table_lock("staging/customers.rebuild"):
+    with target.table_lock(f"{target.storage_name(key)}.rebuild"):
         versions = scd2_versions(lakehouse.read(RAW_CRM_HISTORY)).withColumn(
             "_loaded_at", F.current_timestamp()
         )
-        version = lakehouse.overwrite(
-            STAGING_CUSTOMERS,
-            versions,
-            covered_days(context, context.run_id, STAGING_CUSTOMERS),
-        )
-    written = lakehouse.read(STAGING_CUSTOMERS, version)
+        version = target.overwrite(key, versions, covered_days(context, context.run_id, key))
+    written = target.read(key, version)
     return MaterializeResult(
         metadata={
             "delta_version": version,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from dagster import (
     AssetKey,
     ConfigurableIOManager,
-    Failure,
     InitResourceContext,
     InputContext,
     MetadataValue,
@@ -25,7 +24,7 @@ from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
+from backfill_platform.tables import run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
@@ -53,22 +52,7 @@ class DeltaIOManager(ConfigurableIOManager):
         self._shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
 
     def _table(self, key: AssetKey, writing: bool) -> tuple[LakehouseResource, AssetKey]:
-        """The lakehouse and table of an asset key: a twin's shadow, or production."""
-        production = production_key(key)
-        if production is None:
-            if self._shadow_suffix and writing:
-                raise Failure(
-                    f"{key.to_user_string()}: this run carries {SHADOW_SUFFIX_TAG}="
-                    f"{self._shadow_suffix}, so it writes shadow assets only; production "
-                    "is unchanged. Select the shadow/... assets or drop the tag."
-                )
-            return self.lakehouse, key
-        if not self._shadow_suffix:
-            raise Failure(
-                f"{key.to_user_string()}: a shadow asset needs the run tag "
-                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written."
-            )
-        return self.lakehouse.shadowing(self._shadow_suffix, [production]), production
+        return self.lakehouse.for_asset(key, self._shadow_suffix, writing)
 
     def handle_output(self, context: OutputContext, obj: DataFrame | ObservedFrame | None) -> None:
         if obj is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
-from dagster import AssetKey, ConfigurableResource, InitResourceContext
+from dagster import AssetKey, ConfigurableResource, Failure, InitResourceContext
 from delta.exceptions import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
@@ -44,8 +44,10 @@ from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
     CORRECTABLE_LAYERS,
+    SHADOW_SUFFIX_TAG,
     TABLE_NAMES,
     TABLES,
+    production_key,
     run_shadow_suffix,
     shadow_name,
     table,
@@ -158,6 +160,39 @@ class LakehouseResource(ConfigurableResource):
             shadow_suffix=suffix,
             shadow_tables=[_name(k) for k in keys],
         )
+
+    def for_asset(
+        self, key: AssetKey, shadow_suffix: str | None, writing: bool
+    ) -> tuple[LakehouseResource, AssetKey]:
+        """The lakehouse and table an asset reads or writes: a twin's shadow, or production.
+
+        The one routing rule for every writer (the IO manager and the assets that write
+        themselves, such as staging/customers), so a twin can never reach production: a
+        twin (`shadow/...` key) needs the run's shadow suffix, and a production asset in a
+        run that carries one is refused before it writes. Refusals are final (retrying
+        cannot add a tag), so the run ends at once.
+        """
+        production = production_key(key)
+        if production is None:
+            if shadow_suffix and writing:
+                raise Failure(
+                    f"{key.to_user_string()}: this run carries {SHADOW_SUFFIX_TAG}="
+                    f"{shadow_suffix}, so it writes shadow assets only; production "
+                    "is unchanged. Select the shadow/... assets or drop the tag.",
+                    allow_retries=False,
+                )
+            return self, key
+        if not shadow_suffix:
+            raise Failure(
+                f"{key.to_user_string()}: a shadow asset needs the run tag "
+                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
+                allow_retries=False,
+            )
+        return self.shadowing(shadow_suffix, [production]), production
+
+    def run_target(self, key: AssetKey) -> tuple[LakehouseResource, AssetKey]:
+        """`for_asset` for an asset that writes itself, with this run's shadow suffix."""
+        return self.for_asset(key, self._run_shadow_suffix, writing=True)
 
     def _run_shadow_exists(self, name: str) -> bool:
         """A correctable table whose shadow of the run's suffix exists (cached once seen)."""
