@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .spark-jars/.fetched
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# Dagster's webserver and daemon upload DAGSTER_HOME/logs to its telemetry endpoint unless this
+# is set (`telemetry: enabled: false` in dagster.yaml does not stop them): off in everything
+# the Makefile starts.
+export DAGSTER_DISABLE_TELEMETRY ?= 1
 # DAGSTER_STORAGE=postgres installs deploy/dagster-postgres.yaml (connection from DAGSTER_PG_*).
 DAGSTER_STORAGE ?= sqlite
 DAGSTER_YAML ?= deploy/$(if $(filter postgres,$(DAGSTER_STORAGE)),dagster-postgres,dagster).yaml
@@ -164,7 +168,7 @@ s3-race-demo: install s3-deps
 ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
 		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
-		$(VENV)/bin/dagster dev -w workspace.yaml
+		$(VENV)/bin/dagster dev -w workspace.yaml $(UI_ARGS)
 
 # The UI tour's screenshots (docs/tour.md) from the last `make e2e` browser journey.
 tour:

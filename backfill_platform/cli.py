@@ -15,8 +15,8 @@
 
 Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance
 (unset: the repository's .dagster_home, as the Makefile sets it). Dagster's and Spark's logs
-go to a file under DAGSTER_HOME/logs whose path is printed first (on stderr); long work shows
-progress bars there. Every command prints human-readable text, or JSON with --json, on
+go to a file under DAGSTER_HOME/backfill-logs whose path is printed first (on stderr); long
+work shows progress bars there. Every command prints human-readable text, or JSON with --json, on
 stdout; a refusal or a user error is one line and exit status 1, never a traceback.
 Ranges are inclusive days everywhere: --start 2025-12-06 --end 2026-01-07 is printed as
 2025-12-06..2026-01-07.
@@ -42,7 +42,7 @@ from dagster import DagsterInstance
 
 from backfill_platform.automation.stale_repair import REPAIR_TRIGGER, run_repair
 from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
-from backfill_platform.console import RunProgress, dagster_home, logs_to_file, shown
+from backfill_platform.console import RunProgress, dagster_home, log_dir, logs_to_file, shown
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.deployment import (
     REASON_TAG,
@@ -557,7 +557,7 @@ def main(argv: Sequence[str] | None = None, *, terminal: bool | None = None) -> 
     try:
         check(args)
         if terminal:
-            with logs_to_file(args.command, dagster_home() / "logs") as term:
+            with logs_to_file(args.command, log_dir()) as term:
                 print(f"log: {shown(term.log)}", file=term.err)
                 with observing(RunProgress(term.err, PROGRESS_LABELS)):
                     status, payload, text = run(args)

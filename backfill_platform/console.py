@@ -63,6 +63,17 @@ def dagster_home() -> Path:
     return home
 
 
+# Not `logs`: Dagster's webserver and daemon treat DAGSTER_HOME/logs as their telemetry
+# cache and move it to `.logs_queue/` for upload when they start (even with telemetry
+# disabled in dagster.yaml), so every log path printed earlier would stop pointing at a file.
+LOG_DIR_NAME = "backfill-logs"
+
+
+def log_dir() -> Path:
+    """Where the commands' log files go: DAGSTER_HOME/backfill-logs."""
+    return dagster_home() / LOG_DIR_NAME
+
+
 def shown(path: Path) -> str:
     """`path` relative to the working directory when it is inside it (shorter to read)."""
     try:

@@ -23,7 +23,13 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from backfill_platform.assets.reference import observe_currencies
-from backfill_platform.console import RunProgress, Terminal, dagster_home, logs_to_file, shown
+from backfill_platform.console import (
+    RunProgress,
+    Terminal,
+    log_dir,
+    logs_to_file,
+    shown,
+)
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.partitions import daily_partitions
@@ -62,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     try:  # everything that can be refused, before anything is written
         if args.start > args.end:
             raise DemoRefused(f"--start {args.start} is after --end {args.end}")
-        home = dagster_home()
+        logs = log_dir()  # refuses a DAGSTER_HOME that is not a directory
         last = _check_landing(args, landing)
         _check_partitions(args.start, last)
     except (DemoRefused, SettingError) as refused:
         print(f"Refused: {refused}")
         return 1
-    with logs_to_file("demo", home / "logs") as terminal:
+    with logs_to_file("demo", logs) as terminal:
         print(f"log: {shown(terminal.log)} (Dagster and Spark)")
         return _demo(args, terminal, landing, lakehouse, DayRange.of_days(args.start, last))
 
@@ -148,7 +154,7 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
         )
     instance = DagsterInstance.get()
     lineage = Lineage(all_assets)
-    with demo_crm(crm_data, log=dagster_home() / "logs" / "crm_requests.jsonl") as crm:
+    with demo_crm(crm_data, log=log_dir() / "crm_requests.jsonl") as crm:
         resources = build_resources(str(landing), str(lakehouse))
         # The known currencies first: staging records the version it was built against, so
         # the UI does not call every staging day stale at the live path's first observation.

@@ -6,13 +6,19 @@ Real processes (make, `python -m backfill_platform`), real Spark, Delta and Dags
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from datetime import date, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from pyspark.sql import functions as F
 
@@ -106,7 +112,7 @@ def test_cli_without_dagster_home_uses_the_repositorys_and_logs_to_a_file(tmp_pa
     first, *rest = result.stderr.splitlines()
     assert rest == []  # Spark's and Dagster's output went to the file, not here
     log = REPO / LOG_LINE.match(first).group(1)
-    assert log.parent == REPO / ".dagster_home" / "logs" and log.is_file()
+    assert log.parent == REPO / ".dagster_home" / "backfill-logs" and log.is_file()
     assert (REPO / ".dagster_home" / "dagster.yaml").is_file()
 
 
@@ -123,7 +129,7 @@ def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(lines) < 60
     log = Path(LOG_LINE.match(result.stdout.splitlines()[0]).group(1))
-    assert log.is_file() and log.parent == tmp_path / "home" / "logs"
+    assert log.is_file() and log.parent == tmp_path / "home" / "backfill-logs"
     assert "RUN_SUCCESS" in log.read_text()  # Dagster's events are in the file ...
     assert "RUN_SUCCESS" not in result.stdout + result.stderr  # ... and not on the terminal
     assert "Warning" not in result.stdout + result.stderr
@@ -166,3 +172,73 @@ def test_a_delivered_day_is_requested_by_the_landing_sensor_and_ingested(tmp_pat
     ids = {r["order_id"] for r in raw.select("order_id").where("order_id IS NOT NULL").collect()}
     assert set(delivery.order_ids) <= ids
     assert daemon.tick(landing_sensor)[0] == []  # delivered once, requested once
+
+
+@pytest.mark.slow
+def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_path, session_crm):
+    """Dagster's webserver and daemon take DAGSTER_HOME/logs as their telemetry queue and move
+    it away on start: the commands' logs live elsewhere, telemetry is off in every process
+    `make ui` starts, and a SIGTERM to its process group (started in the background, as a
+    script would) leaves no process behind."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _env(
+        tmp_path,
+        DAGSTER_HOME=str(home),
+        BACKFILL_START_DATE="2024-01-01",
+        BACKFILL_CRM_URL=session_crm.url,
+    )
+    env.pop("DAGSTER_DISABLE_TELEMETRY", None)  # the Makefile must set it itself
+    history = _cli(env, "history", "--start", "2024-01-01", "--end", "2024-01-02")
+    assert history.returncode == 0, history.stdout + history.stderr
+    log = Path(LOG_LINE.match(history.stderr.splitlines()[0]).group(1))
+    log = log if log.is_absolute() else REPO / log
+    assert log.is_file() and log.parent == home / "backfill-logs"
+
+    port = free_port()
+    ui = subprocess.Popen(
+        ["make", "--no-print-directory", "ui", "INSTALLED=", "JARS=", f"PY={sys.executable}",
+         f"VENV={Path(sys.executable).parents[1]}", f"UI_ARGS=-p {port}"],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        # A script's background job: SIGINT ignored, as `make ui &` gets it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    started: list[psutil.Process] = []
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/server_info", timeout=240)
+        started = psutil.Process(ui.pid).children(recursive=True)
+        dagster = [p for p in started if "dagster" in " ".join(p.cmdline())]
+        assert len(dagster) >= 3  # dagster dev, its webserver and daemon (and code servers)
+        for process in dagster:
+            assert process.environ().get("DAGSTER_DISABLE_TELEMETRY") == "1", process.cmdline()
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=120)
+        _, alive = psutil.wait_procs(started, timeout=90)
+        assert alive == [], [" ".join(p.cmdline())[:120] for p in alive]
+    finally:
+        for process in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+    assert log.is_file()  # every log path printed earlier still points at its file
+    assert not (home / ".logs_queue").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)

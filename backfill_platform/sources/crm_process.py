@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,10 +133,60 @@ def main(argv: list[str] | None = None) -> int:
     with demo_crm(args.data) as server:
         if server is not None:
             print(f"demo CRM at {server.url} (stopped when the command ends)")
-        try:
-            return subprocess.call(command)
-        except KeyboardInterrupt:
-            return 130
+        return run_until_stopped(command)
+
+
+# How long `dagster dev` gets to stop its webserver, daemon and code servers after an
+# interrupt before its whole process group is killed.
+STOP_GRACE_SECONDS = 60
+
+
+def run_until_stopped(command: list[str]) -> int:
+    """Run `command` (`dagster dev`) in its own session; SIGTERM or SIGINT here interrupts it
+    once, and whatever is left of its session after the grace period is killed.
+
+    Why not a plain subprocess.call: a signal to `make ui`'s process group reached every
+    Dagster process at once, the webserver and daemon then waited on their shutdown pipes
+    for a `dagster dev` that ignored the signal (started in the background, SIGINT is
+    ignored and Dagster maps SIGTERM onto it), and six processes outlived `make ui`.
+    """
+    child = subprocess.Popen(command, start_new_session=True, preexec_fn=_default_interrupts)
+
+    def interrupt(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        child.wait()
+    finally:
+        _stop_session(child)
+    return child.returncode
+
+
+def _default_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _stop_session(child: subprocess.Popen) -> None:
+    """Wait for the child's session to end (its code servers outlive it briefly), then kill
+    what is left."""
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and _session_alive(child.pid):
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
+def _session_alive(sid: int) -> bool:
+    try:
+        os.killpg(sid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
