@@ -193,6 +193,18 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="window after the cutover (default BACKFILL_SHADOW_RETENTION_HOURS, 168)",
     )
+    cmd.add_argument(
+        "--vacuum-retention-hours",
+        type=float,
+        default=None,
+        help="history production keeps (default and floor BACKFILL_VACUUM_RETENTION_HOURS, "
+        "168; lower only with --shorten-history)",
+    )
+    cmd.add_argument(
+        "--shorten-history",
+        action="store_true",
+        help="allow --vacuum-retention-hours below the configured retention",
+    )
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
     cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
@@ -461,9 +473,16 @@ def _decommission(session: Session, args) -> Outcome:
         if args.retention_hours is not None
         else float(setting(SHADOW_RETENTION_HOURS))
     )
-    gone = decommission(session.lake, args.suffix, hours)
+    gone = decommission(
+        session.lake,
+        args.suffix,
+        hours,
+        vacuum_retention_hours=args.vacuum_retention_hours,
+        shorten_history=args.shorten_history,
+    )
     text = f"dropped {', '.join(gone.dropped)}; vacuumed {', '.join(gone.vacuumed) or 'nothing'} "
-    text += f"(retention {gone.retention_hours:g} h)"
+    text += f"keeping {gone.vacuum_retention_hours:g} h of history "
+    text += f"(shadow retention {gone.retention_hours:g} h)"
     return 0, gone.to_dict(), text
 
 
@@ -532,6 +551,8 @@ def check(args) -> None:
         check_shadow_suffix(args.suffix)
     if getattr(args, "retention_hours", None) is not None:
         check_retention_hours(args.retention_hours)
+    if getattr(args, "vacuum_retention_hours", None) is not None:
+        check_retention_hours(args.vacuum_retention_hours, "--vacuum-retention-hours")
     if getattr(args, "start", None) is not None:
         DayRange(args.start, args.end)
     if getattr(args, "reason", None) is not None:

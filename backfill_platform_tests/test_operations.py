@@ -326,10 +326,38 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         decommission(lake, "fxfix", retention_hours=168)
     assert (platform.lakehouse / "marts/fct_daily_revenue__shadow_fxfix").is_dir()
 
-    status, gone = run_cli("decommission", "--suffix", "fxfix", "--retention-hours", "0")
-    assert status == 0, gone
-    assert not list(platform.lakehouse.glob("marts/*__shadow_*"))
+    # Dropping the shadow keeps production's configured history (168 h): the pre-cutover
+    # version stays whole. Shortening it must be asked for, and is refused until then,
+    # naming what would be lost.
     old_fct = next(t for t in again.tables if t.table == "marts/fct_daily_revenue")
+    tree = lakehouse_checksum(platform.lakehouse)
+    status, refused = run_cli(
+        "decommission", "--suffix", "fxfix", "--retention-hours", "0",
+        "--vacuum-retention-hours", "0",
+    )  # fmt: skip
+    assert status == 1 and "below production's retention of 168 h" in refused["error"], refused
+    assert "marts/fct_daily_revenue versions 0.." in refused["error"]
+    assert lakehouse_checksum(platform.lakehouse) == tree
+    status, gone = run_cli("decommission", "--suffix", "fxfix", "--retention-hours", "0")
+    assert status == 0 and gone["vacuum_retention_hours"] == 168, gone
+    assert not list(platform.lakehouse.glob("marts/*__shadow_*"))
+    assert not missing_files(lake, "marts/fct_daily_revenue", old_fct.version_before)
+    assert lake.read("marts/fct_daily_revenue", old_fct.version_before).count() > 0
+    # The operator's explicit, shorter window (a shadow of the suffix again, to drop).
+    shadow = shadow_lakehouse(lake, "fxfix", [FCT_DAILY_REVENUE])
+    shadow.replace_range(
+        FCT_DAILY_REVENUE,
+        lake.read_partitions(FCT_DAILY_REVENUE, date(2024, 1, 2), date(2024, 1, 3)),
+        "event_date",
+        date(2024, 1, 2),
+        date(2024, 1, 3),
+        {},
+    )
+    status, gone = run_cli(
+        "decommission", "--suffix", "fxfix", "--retention-hours", "0",
+        "--vacuum-retention-hours", "0", "--shorten-history",
+    )  # fmt: skip
+    assert status == 0 and gone["vacuum_retention_hours"] == 0, gone
     assert missing_files(lake, "marts/fct_daily_revenue", old_fct.version_before)
     current = {t: full_rows(platform, t) for t in MARTS.split(",")}
     with pytest.raises(RollbackRefused, match="vacuumed"):

@@ -67,7 +67,7 @@ def check_reason(reason: object) -> str:
     return reason
 
 
-def check_retention_hours(hours: object) -> float:
+def check_retention_hours(hours: object, name: str = "--retention-hours") -> float:
     if (
         isinstance(hours, bool)
         or not isinstance(hours, int | float)
@@ -75,7 +75,7 @@ def check_retention_hours(hours: object) -> float:
         or hours < 0
     ):
         raise InvalidArgument(
-            f"--retention-hours {hours!r}: give a finite number of hours >= 0; nothing was touched"
+            f"{name} {hours!r}: give a finite number of hours >= 0; nothing was touched"
         )
     return float(hours)
 
