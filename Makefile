@@ -44,7 +44,7 @@ install: $(INSTALLED) $(JARS)
 $(INSTALLED): pyproject.toml
 	$(PYTHON_BIN) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --quiet -e ".[dev]"
 	touch $@
 
 # Delta's jars, fetched once through Maven so no run waits on the network afterwards.

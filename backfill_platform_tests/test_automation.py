@@ -184,7 +184,7 @@ def test_stale_command_reports_exits_1_until_repaired_and_repairs_through_the_ru
     assert cli.main(["stale"]) == 1
     out = capsys.readouterr().out
     assert "staging/orders stale on 2024-01-04 (+1 rows)" in out
-    assert "backfill-platform stale --repair" in out
+    assert 'make cli ARGS="stale --repair"' in out
 
     steps = []
 

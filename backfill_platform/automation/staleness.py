@@ -39,7 +39,9 @@ from backfill_platform.tables import (
 from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import with_unknown_currency
 
-REPAIR_COMMAND = "backfill-platform stale --repair"
+# As a new shell runs it from the repository (README): `backfill-platform` is on the PATH only
+# in an activated venv.
+REPAIR_COMMAND = 'make cli ARGS="stale --repair"'
 STAGING_STEP = "staging+fct"
 LTV_STEP = "customer_ltv"
 

@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="start Spark and write a Delta table")
     args = parser.parse_args(argv)
     if args.fetch_jars:
-        for jar in fetch_jars():
-            print(jar)
+        jars = fetch_jars()
+        print(f"{len(jars)} jars in {jars[0].parent if jars else '(none)'}")
     if args.check:
         spark = SparkSessionResource(master="local[1]").get_session()
         with tempfile.TemporaryDirectory() as tmp:
