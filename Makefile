@@ -110,9 +110,13 @@ $(VERSITYGW):
 
 s3-deps: $(VERSITYGW)
 
+# One worker per deployment group (the shared deployment, the UI journey's, the object store's):
+# their time is mostly waiting on the backfill daemon's 30 s iterations and on Spark start-up,
+# so a third worker overlaps those waits instead of queueing a whole group behind another.
+E2E_WORKERS ?= 3
 e2e: install e2e-deps s3-deps
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
-		-n $(TEST_WORKERS) --dist loadgroup -m "e2e and not hazard" backfill_platform_tests/e2e
+		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" backfill_platform_tests/e2e
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
@@ -121,7 +125,8 @@ test-fast: install
 # real services (daemon, run worker, PostgreSQL); prints the figures and writes them to
 # test-artifacts/reliability/ (see docs/reliability.md).
 reliability: install reliability-deps
-	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 --durations=15 \
+	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
 		-n $(TEST_WORKERS) --dist loadfile -m reliability backfill_platform_tests/reliability
 	$(PY) -m backfill_platform_tests.reliability.report
 
