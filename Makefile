@@ -82,8 +82,11 @@ cli: install
 # `make e2e` groups its tests by deployment. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
-		-n $(TEST_WORKERS) --dist loadfile backfill_platform_tests
+	@status=0; $(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
+		-n $(TEST_WORKERS) --dist loadfile backfill_platform_tests || status=$$?; \
+	echo "make test: the core. Slower suites: make reliability RELIABILITY_SIZE=small (kills, \
+	concurrency, service faults) and make e2e (webserver, daemon, browser, PostgreSQL, S3)."; \
+	exit $$status
 
 # Real services end to end (README "Deploying"): webserver + daemon, Chromium, PostgreSQL,
 # a Spark standalone cluster. Installs Debian's chromium and postgresql when missing.

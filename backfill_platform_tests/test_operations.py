@@ -306,6 +306,9 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     status, undone = run_cli("rollback", "--reason", "finance wants the old numbers back")
     assert status == 0, undone
     assert {t: full_rows(platform, t) for t in MARTS.split(",")} == before
+    # The UI's latest materialization of a rolled-back day is the rollback, not the cutover.
+    (latest, *_) = materializations(platform, FCT_DAILY_REVENUE, [DAYS[1]])
+    assert latest.asset_materialization.metadata["operation"].value == "rollback"
     assert run_cli("rollback", "--reason", "again")[0] == 1  # already rolled back
 
     # The fix was right after all: cut over again; the shadow is kept for the retention window.

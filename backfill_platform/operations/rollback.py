@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from dagster import AssetKey, AssetObservation, DagsterInstance
+from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
 from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.operations.rebuild import CUTOVER_TAG
@@ -147,21 +147,40 @@ def rollback(
         plan.restore_version = lake.current_version(plan.table)
     result = Rollback(cutover_id, reason, plans)
     if instance is not None:
-        for plan in plans:
+        record_rollback(instance, lake, result)
+    return result
+
+
+def record_rollback(instance: DagsterInstance, lake: LakehouseResource, result: Rollback) -> None:
+    """Each partition the RESTORE changed gets a materialization of the production key, as
+    the cutover's did: the UI's latest materialization of those days is the rollback, not
+    the cutover it undid (an observation left the cutover showing as the latest)."""
+    for plan in result.tables:
+        undone = [h for h in lake.history(plan.table) if plan.restored_to < h["version"]]
+        days = sorted(
+            {
+                key
+                for h in undone
+                if h["version"] != plan.restore_version
+                for key in commit_partition_keys(h["metadata"])
+            }
+        )
+        for day in days:
             instance.report_runless_asset_event(
-                AssetObservation(
+                AssetMaterialization(
                     asset_key=AssetKey.from_user_string(plan.table),
+                    partition=day,
+                    description=f"rollback of cutover {result.cutover_id}",
                     metadata={
                         "operation": ROLLBACK,
-                        "cutover_id": cutover_id,
+                        "cutover_id": result.cutover_id,
+                        "delta_version": plan.restore_version,
                         "restored_to_version": plan.restored_to,
-                        "restore_commit": plan.restore_version,
-                        "reason": reason,
+                        "reason": result.reason,
                         "undone_commits": "\n".join(plan.undone_commits),
                     },
                 )
             )
-    return result
 
 
 def _written_days(metadata: dict) -> str:
