@@ -81,7 +81,8 @@ cli: install
 # in one process on idle cores: JVM start-up and Dagster's polling leave a core idle.
 # `make e2e` groups its tests by deployment. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: install
+# PostgreSQL's server: test_crm_limiter_machines.py starts one (3 s) for the CRM limiter.
+test: install reliability-deps
 	@status=0; $(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
 		-n $(TEST_WORKERS) --dist loadfile backfill_platform_tests || status=$$?; \
 	echo "make test: the core. Slower suites: make reliability RELIABILITY_SIZE=small (kills, \

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from pathlib import Path
 
 from dagster import Definitions, in_process_executor
@@ -23,6 +21,7 @@ from backfill_platform.resources.storage import is_uri
 from backfill_platform.settings import (
     CRM_CONCURRENCY,
     CRM_LIMITER,
+    CRM_LIMITER_BACKEND,
     CRM_LIVE_RESERVE,
     CRM_MAX_ATTEMPTS,
     CRM_RATE_LIMIT,
@@ -30,6 +29,7 @@ from backfill_platform.settings import (
     CRM_URL,
     LAKEHOUSE_DIR,
     LANDING_DIR,
+    PG_HOST,
     S3_ACCESS_KEY_ID,
     S3_ENDPOINT,
     S3_PATH_STYLE,
@@ -38,6 +38,7 @@ from backfill_platform.settings import (
     SPARK_DRIVER_MEMORY,
     SPARK_MASTER,
     SPARK_SHUFFLE_PARTITIONS,
+    SettingError,
     bool_setting,
     fraction_setting,
     int_setting,
@@ -76,8 +77,8 @@ def build_resources(
 
 
 def build_crm(lakehouse_dir: str) -> CrmResource:
-    """The CRM client from settings; its limiter file defaults to one beside the lakehouse
-    root, so every process of one deployment shares it (docs/crm.md)."""
+    """The CRM client from settings, with the rate limiter `crm_limiter_choice` picks."""
+    backend, path = crm_limiter_choice(lakehouse_dir)
     return CrmResource(
         url=setting(CRM_URL),
         token=CRM_TOKEN,
@@ -85,17 +86,47 @@ def build_crm(lakehouse_dir: str) -> CrmResource:
         live_reserve=fraction_setting(CRM_LIVE_RESERVE),
         max_attempts=int_setting(CRM_MAX_ATTEMPTS),
         concurrency=int_setting(CRM_CONCURRENCY),
-        limiter_path=setting(CRM_LIMITER) or default_limiter_path(lakehouse_dir),
+        limiter_backend=backend,
+        limiter_path=path,
     )
 
 
-def default_limiter_path(lakehouse_dir: str) -> str:
-    """Beside a local lakehouse root; for an object-store root (`s3a://...`), in the
-    machine's temporary directory: SQLite needs a local file, so the limit is per machine
-    there unless BACKFILL_CRM_LIMITER names a shared one (docs/crm.md)."""
+def crm_limiter_choice(lakehouse_dir: str) -> tuple[str, str]:
+    """("postgres", "") or ("sqlite", file) for the CRM rate limiter (docs/crm.md).
+
+    `auto` (the default): the file BACKFILL_CRM_LIMITER names, else the Dagster instance's
+    PostgreSQL when DAGSTER_PG_HOST is set (every machine of the deployment reaches it), else
+    `crm_rate_limit.sqlite` beside a local lakehouse root. An `s3a://` root with no shared
+    limiter is refused: its runs may start on several machines, each with its own file,
+    together sending a multiple of the limit."""
+    choice = setting(CRM_LIMITER_BACKEND).strip().lower() or "auto"
+    if choice not in ("auto", "sqlite", "postgres"):
+        raise SettingError(f"BACKFILL_CRM_LIMITER_BACKEND={choice!r}: not auto, sqlite or postgres")
+    path, pg_host = setting(CRM_LIMITER).strip(), setting(PG_HOST).strip()
+    if choice == "auto":
+        choice = "sqlite" if path or not pg_host else "postgres"
+    if choice == "postgres":
+        if not pg_host:
+            raise SettingError(
+                "BACKFILL_CRM_LIMITER_BACKEND=postgres but DAGSTER_PG_HOST is empty: the limiter "
+                "uses the Dagster instance's PostgreSQL (DAGSTER_PG_HOST, _PORT, _USERNAME, "
+                "_PASSWORD, _DB)"
+            )
+        return "postgres", ""
+    if path:
+        return "sqlite", path
     if is_uri(lakehouse_dir):
-        digest = hashlib.sha256(lakehouse_dir.encode()).hexdigest()[:16]
-        return str(Path(tempfile.gettempdir()) / f"backfill_crm_rate_limit_{digest}.sqlite")
+        raise SettingError(
+            f"BACKFILL_LAKEHOUSE_DIR={lakehouse_dir} is object storage, so runs may start on "
+            "several machines, but the CRM rate limiter would be a file per machine: set "
+            "DAGSTER_PG_* (the Dagster instance's PostgreSQL; BACKFILL_CRM_LIMITER_BACKEND="
+            "postgres) or BACKFILL_CRM_LIMITER to a file every run's machine shares"
+        )
+    return "sqlite", default_limiter_path(lakehouse_dir)
+
+
+def default_limiter_path(lakehouse_dir: str) -> str:
+    """The SQLite file beside a local lakehouse root (one machine's processes share it)."""
     return str(Path(lakehouse_dir).resolve().parent / "crm_rate_limit.sqlite")
 
 

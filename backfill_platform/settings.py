@@ -48,8 +48,19 @@ CRM_RATE_LIMIT = EnvVar("BACKFILL_CRM_RATE_LIMIT")
 CRM_LIVE_RESERVE = EnvVar("BACKFILL_CRM_LIVE_RESERVE")
 CRM_MAX_ATTEMPTS = EnvVar("BACKFILL_CRM_MAX_ATTEMPTS")
 CRM_CONCURRENCY = EnvVar("BACKFILL_CRM_CONCURRENCY")
+# Which holds the CRM rate limiter's window (docs/crm.md): `auto` (a file when
+# BACKFILL_CRM_LIMITER names one, else PostgreSQL when DAGSTER_PG_HOST is set, else the
+# SQLite file beside a local lakehouse root), `sqlite` or `postgres`.
+CRM_LIMITER_BACKEND = EnvVar("BACKFILL_CRM_LIMITER_BACKEND")
 # The SQLite file of the cross-process rate limiter; empty: beside the lakehouse root.
 CRM_LIMITER = EnvVar("BACKFILL_CRM_LIMITER")
+# The Dagster instance's PostgreSQL (deploy/dagster-postgres.yaml), also the CRM limiter's.
+# The password is read where a connection opens, never stored in a resource or shown.
+PG_HOST = EnvVar("DAGSTER_PG_HOST")
+PG_PORT = EnvVar("DAGSTER_PG_PORT")
+PG_USERNAME = EnvVar("DAGSTER_PG_USERNAME")
+PG_PASSWORD = EnvVar("DAGSTER_PG_PASSWORD")
+PG_DB = EnvVar("DAGSTER_PG_DB")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -88,7 +99,12 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_CRM_LIVE_RESERVE": "0.25",
     "BACKFILL_CRM_MAX_ATTEMPTS": "8",
     "BACKFILL_CRM_CONCURRENCY": "4",
+    "BACKFILL_CRM_LIMITER_BACKEND": "auto",
     "BACKFILL_CRM_LIMITER": "",
+    "DAGSTER_PG_HOST": "",
+    "DAGSTER_PG_PORT": "5432",
+    "DAGSTER_PG_USERNAME": "",
+    "DAGSTER_PG_DB": "",
     "DAGSTER_URL": "http://127.0.0.1:3000",
 }
 

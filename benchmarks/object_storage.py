@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     generate_crm(landing, work / "crm", args.seed)
     crm = start_crm_server(work / "crm", token="bench-s3", rate=5000)
     os.environ.update(
-        BACKFILL_CRM_URL=crm.url, BACKFILL_CRM_TOKEN="bench-s3", BACKFILL_CRM_RATE_LIMIT="5000"
+        BACKFILL_CRM_URL=crm.url,
+        BACKFILL_CRM_TOKEN="bench-s3",
+        BACKFILL_CRM_RATE_LIMIT="5000",
+        # One machine: an s3a:// root needs an explicit limiter file (docs/crm.md).
+        BACKFILL_CRM_LIMITER=str(work / "crm_rate_limit.sqlite"),
     )
     s3 = S3Server(work / "s3")
     s3.start()

@@ -1,12 +1,14 @@
 """The CRM client (contract 1.3): rate-limited across processes, retrying, token-safe.
 
-Every call takes a slot from `CrmRateLimiter` (a SQLite file every process on the machine
-shares), so all runs together stay under BACKFILL_CRM_RATE_LIMIT and backfill runs under
-their share (1 - BACKFILL_CRM_LIVE_RESERVE). Retries go through tenacity: a 429 waits its
-`Retry-After` and repeats (not an attempt: the call had no effect), a 5xx, timeout or
-dropped connection backs off exponentially and counts; after BACKFILL_CRM_MAX_ATTEMPTS
-the error names the customer. A retry takes a new slot, like any call. The token is sent
-in a header only: errors and metadata name the URL and the setting, never its value.
+Every call takes a slot from the shared rate limiter (`crm_limiter.py`: a SQLite file every
+process on the machine shares; `crm_limiter_postgres.py`: a table in the Dagster instance's
+PostgreSQL every machine shares), so all runs together stay under BACKFILL_CRM_RATE_LIMIT
+and backfill runs under their share (1 - BACKFILL_CRM_LIVE_RESERVE). Retries go through
+tenacity: a 429 waits its `Retry-After` and repeats (not an attempt: the call had no
+effect), a 5xx, timeout or dropped connection backs off exponentially and counts; after
+BACKFILL_CRM_MAX_ATTEMPTS the error names the customer. A retry takes a new slot, like any
+call. The token is sent in a header only: errors and metadata name the URL and the
+setting, never its value.
 
 Calls run BACKFILL_CRM_CONCURRENCY at a time (threads, one HTTP session each): a CRM
 answering in 100 ms allows 10 sequential calls a second, under the default backfill share
@@ -33,7 +35,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from backfill_platform.resources.crm_limiter import BACKFILL, LIVE, CrmRateLimiter
+from backfill_platform.resources.crm_limiter import BACKFILL, LIVE, CrmRateLimiter, RateLimiter
+from backfill_platform.resources.crm_limiter_postgres import (
+    LimiterUnavailable,
+    PgConnection,
+    PostgresRateLimiter,
+)
 
 TOKEN_SETTING = "BACKFILL_CRM_TOKEN"
 
@@ -125,8 +132,18 @@ class CrmResource(ConfigurableResource):
     max_attempts: int = Field(
         default=8, description="Attempts per customer on 5xx/timeouts (BACKFILL_CRM_MAX_ATTEMPTS)."
     )
+    limiter_backend: str = Field(
+        default="sqlite",
+        description="Holder of the limiter's window: `sqlite` (limiter_path) or `postgres` "
+        "(the DAGSTER_PG_* database; BACKFILL_CRM_LIMITER_BACKEND).",
+    )
     limiter_path: str = Field(
-        description="SQLite file every process shares (BACKFILL_CRM_LIMITER)."
+        default="", description="SQLite file every process shares (BACKFILL_CRM_LIMITER)."
+    )
+    limiter_unavailable_seconds: float = Field(
+        default=60.0,
+        description="How long calls wait for an unreachable PostgreSQL limiter before the run "
+        "fails.",
     )
     concurrency: int = Field(
         default=4, description="Calls in flight at once (BACKFILL_CRM_CONCURRENCY)."
@@ -134,7 +151,7 @@ class CrmResource(ConfigurableResource):
     timeout_seconds: float = Field(default=10.0, description="Per-request timeout.")
     backoff_max_seconds: float = Field(default=8.0, description="Longest backoff after a 5xx.")
 
-    def limiter(self) -> CrmRateLimiter:
+    def limiter(self) -> RateLimiter:
         if not 0.0 <= self.live_reserve < 1.0:
             raise CrmError(f"BACKFILL_CRM_LIVE_RESERVE={self.live_reserve}: must be in [0, 1)")
         if self.rate_limit < 1 or self.max_attempts < 1 or self.concurrency < 1:
@@ -144,6 +161,19 @@ class CrmResource(ConfigurableResource):
                 "each must be at least 1"
             )
         share = backfill_share(self.rate_limit, self.live_reserve)
+        if self.limiter_backend == "postgres":
+            return PostgresRateLimiter(
+                PgConnection.from_settings(),
+                self.rate_limit,
+                share,
+                unavailable_seconds=self.limiter_unavailable_seconds,
+            )
+        if self.limiter_backend != "sqlite" or not self.limiter_path:
+            raise CrmError(
+                f"CRM limiter {self.limiter_backend!r} with file {self.limiter_path!r}: needs "
+                "`postgres`, or `sqlite` and a file (BACKFILL_CRM_LIMITER_BACKEND, "
+                "BACKFILL_CRM_LIMITER)"
+            )
         return CrmRateLimiter(self.limiter_path, self.rate_limit, share)
 
     def history_url(self, customer_id: str) -> str:
@@ -240,7 +270,10 @@ class CrmResource(ConfigurableResource):
         failures = {"transient": 0, "last": ""}
 
         def attempt() -> CrmAnswer:
-            call, waited = limiter.acquire(kind)
+            try:
+                call, waited = limiter.acquire(kind)
+            except LimiterUnavailable as error:
+                raise CrmError(str(error)) from None
             stats.limiter_wait_seconds += waited
             sent = datetime.now(UTC)
             stats.requests += 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from backfill_platform.sources.crm_process import CrmProcess, start_crm_server
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.object_store import S3Server
@@ -40,6 +41,7 @@ ALL_ASSETS = [name.split("/") for name in TABLE_NAMES]
 # and `make e2e` runs two deployments at once (the UI journey's 13-day backfill took 217 s
 # alone and passed 600 s when another CI job shared the 2 cores).
 BACKFILL_TIMEOUT = 900
+CRM_TOKEN = "scaled-out-crm-token"
 
 
 # The modules that share the session deployment (fixtures `deployment`, `first_backfill`,
@@ -164,6 +166,7 @@ class ScaledOut:
     lakehouse_uri: str
     backfill_id: str
     status: dict
+    crm: CrmProcess  # the deployment's CRM (limit 20/s), its request log audited
 
 
 @pytest.fixture(scope="session")
@@ -176,6 +179,12 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
     cluster.root.mkdir()
     s3 = S3Server(root / "s3")
     deployment = None
+    # Its own demo CRM at the contract's 20/s with a request log: the runs' CRM limiter is
+    # the instance's PostgreSQL (DAGSTER_PG_* below; docs/crm.md), audited by the test.
+    crm_data = root / "crm"
+    crm_data.mkdir()
+    (crm_data / "customers.json").write_text('{"customers": {}}')
+    crm = start_crm_server(crm_data, token=CRM_TOKEN, rate=20, log=root / "crm_requests.jsonl")
     try:
         postgres.start()
         s3.start()
@@ -192,6 +201,11 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
             "BACKFILL_LAKEHOUSE_DIR": f"{bucket}/lakehouse",
             "SPARK_MASTER": cluster.master_url,
             "SPARK_CONF_DIR": str(cluster.spark_conf_dir()),
+            "BACKFILL_CRM_URL": crm.url,
+            "BACKFILL_CRM_TOKEN": CRM_TOKEN,
+            "BACKFILL_CRM_RATE_LIMIT": "20",
+            "BACKFILL_CRM_LIVE_RESERVE": "0.25",
+            "BACKFILL_CRM_LIMITER_BACKEND": "postgres",
         }
         deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
         backfill_id = deployment.dagster.launch_backfill(
@@ -199,11 +213,12 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
         )
         status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
         yield ScaledOut(
-            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status
+            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status, crm
         )
     finally:
         if deployment is not None:
             deployment.dagster.stop()
+        crm.stop()
         cluster.stop()
         s3.stop()
         postgres.stop()

@@ -195,22 +195,27 @@ def lake_on_s3(s3, spark, tmp_path_factory):
     bucket = s3.bucket("lakehouse")
     s3.upload(spark, landing, bucket + "/landing")
     timings, prints = {}, {}
-    for where, (landing_dir, lakehouse_dir) in {
-        "local": (str(landing), str(work / "lakehouse")),
-        "s3a": (bucket + "/landing", bucket + "/lakehouse"),
-    }.items():
-        resources = build_resources(landing_dir, lakehouse_dir, spark=spark_resource_for_tests())
-        started = time.monotonic()
-        runs = backfill(
-            all_assets,
-            FIRST_DAY.isoformat(),
-            LAST_DAY.isoformat(),
-            resources,
-            DagsterInstance.ephemeral(),
-        )
-        timings[where] = round(time.monotonic() - started, 1)  # raises if a run failed
-        assert runs, where
-        prints[where] = fingerprints(resources["lakehouse"])
+    # One machine: an s3a:// root needs an explicit limiter (a per-machine file is refused).
+    with pytest.MonkeyPatch.context() as limiter:
+        limiter.setenv("BACKFILL_CRM_LIMITER", str(work / "crm_rate_limit.sqlite"))
+        for where, (landing_dir, lakehouse_dir) in {
+            "local": (str(landing), str(work / "lakehouse")),
+            "s3a": (bucket + "/landing", bucket + "/lakehouse"),
+        }.items():
+            resources = build_resources(
+                landing_dir, lakehouse_dir, spark=spark_resource_for_tests()
+            )
+            started = time.monotonic()
+            runs = backfill(
+                all_assets,
+                FIRST_DAY.isoformat(),
+                LAST_DAY.isoformat(),
+                resources,
+                DagsterInstance.ephemeral(),
+            )
+            timings[where] = round(time.monotonic() - started, 1)  # raises if a run failed
+            assert runs, where
+            prints[where] = fingerprints(resources["lakehouse"])
     record("pipeline_wall_time", {"seconds": timings, "days": 3})
     return work, landing, bucket, prints
 
@@ -237,6 +242,7 @@ def test_shadow_cutover_rollback_decommission_on_s3a(lake_on_s3, s3, spark, tmp_
         "DAGSTER_HOME": str(home),
         "BACKFILL_LANDING_DIR": bucket + "/landing",
         "BACKFILL_LAKEHOUSE_DIR": bucket + "/lakehouse",
+        "BACKFILL_CRM_LIMITER": str(tmp_path / "crm_rate_limit.sqlite"),
         **s3.env(),
     }.items():
         monkeypatch.setenv(name, value)

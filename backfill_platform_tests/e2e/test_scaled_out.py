@@ -9,12 +9,14 @@ connects to a Spark standalone master with two one-core workers, and reads and w
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import closing
 
 import pytest
 import yaml
 
 from backfill_platform.reconcile import fingerprints, reconcile_marts
+from backfill_platform.sources.crm_server import peak_per_second
 from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY
 from backfill_platform_tests.e2e.services import REPO_ROOT
 from backfill_platform_tests.e2e.tables import lakehouse_for
@@ -50,6 +52,25 @@ def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, sp
     lake = lakehouse_for(scaled_out.lakehouse_uri, spark)
     result = reconcile_marts(lake, scaled_out.deployment.landing, FIRST_DAY, LAST_DAY)
     assert result.ok, "\n".join(result.details)
+
+
+def test_the_runs_crm_calls_held_the_limit_through_the_instances_postgres(scaled_out):
+    """The deployment's runs took their CRM slots from the instance's PostgreSQL (no
+    limiter file on the machine): the CRM's own log shows every call answered, none 429,
+    at most 20 in any second and at most the backfill share of 15."""
+    assert scaled_out.status["status"] == "COMPLETED_SUCCESS", scaled_out.status
+    logged = scaled_out.crm.requests()
+    times = [e["t"] for e in logged]
+    statuses = Counter(e["status"] for e in logged)
+    print(f"scaled-out CRM: {len(logged)} calls, {statuses}, peak {peak_per_second(times)}/s")
+    assert logged and statuses.get(429, 0) == 0 and set(statuses) == {404}, statuses
+    assert peak_per_second(times) <= 20
+    assert peak_per_second([e["t"] for e in logged if e["kind"] == "backfill"]) <= 15
+    with closing(scaled_out.postgres.connect()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('backfill_crm_rate_limit') IS NOT NULL")
+        assert cur.fetchone() == (True,)
+    root = scaled_out.deployment.root
+    assert not list(root.rglob("crm_rate_limit*.sqlite")), list(root.rglob("*.sqlite"))
 
 
 def test_postgres_yaml_differs_from_the_default_only_in_storage():
