@@ -46,7 +46,8 @@ S3_GROUPS = (
 def _maven_copy(pom: Path, groups: str, target: Path) -> None:
     """Resolve `pom` through Maven (which honours the machine's Maven settings)."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
+        # Maven's output only on failure: quiet as it is, it still writes ANSI resets.
+        fetched = subprocess.run(
             [
                 "mvn",
                 "-q",
@@ -58,8 +59,12 @@ def _maven_copy(pom: Path, groups: str, target: Path) -> None:
                 f"-DincludeGroupIds={groups}",
                 f"-DoutputDirectory={tmp}",
             ],
-            check=True,
+            capture_output=True,
+            text=True,
         )
+        if fetched.returncode != 0:
+            sys.stderr.write(fetched.stdout + fetched.stderr)
+            fetched.check_returncode()
         target.mkdir(parents=True, exist_ok=True)
         for jar in Path(tmp).glob("*.jar"):
             shutil.copy2(jar, target / jar.name)
