@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from dagster import (
     AssetKey,
     ConfigurableIOManager,
-    Failure,
     InitResourceContext,
     InputContext,
     MetadataValue,
@@ -24,6 +23,7 @@ from dagster import (
 from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
+from backfill_platform.refusals import refusal
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
 
@@ -52,21 +52,29 @@ class DeltaIOManager(ConfigurableIOManager):
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
 
-    def _table(self, key: AssetKey, writing: bool) -> tuple[LakehouseResource, AssetKey]:
-        """The lakehouse and table of an asset key: a twin's shadow, or production."""
+    def _table(
+        self, context: InputContext | OutputContext, writing: bool
+    ) -> tuple[LakehouseResource, AssetKey]:
+        """The lakehouse and table of an asset key: a twin's shadow, or production.
+
+        Both refusals are deterministic (the run's tags do not change on a retry), so their
+        runs are not retried (refusals.py)."""
+        key = context.asset_key
         production = production_key(key)
         if production is None:
             if self._shadow_suffix and writing:
-                raise Failure(
+                raise refusal(
                     f"{key.to_user_string()}: this run carries {SHADOW_SUFFIX_TAG}="
                     f"{self._shadow_suffix}, so it writes shadow assets only; production "
-                    "is unchanged. Select the shadow/... assets or drop the tag."
+                    "is unchanged. Select the shadow/... assets or drop the tag.",
+                    context=context,
                 )
             return self.lakehouse, key
         if not self._shadow_suffix:
-            raise Failure(
+            raise refusal(
                 f"{key.to_user_string()}: a shadow asset needs the run tag "
-                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written."
+                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
+                context=context,
             )
         return self.lakehouse.shadowing(self._shadow_suffix, [production]), production
 
@@ -74,7 +82,7 @@ class DeltaIOManager(ConfigurableIOManager):
         if obj is None:
             return
         observed = obj if isinstance(obj, ObservedFrame) else None
-        lakehouse, key = self._table(context.asset_key, writing=True)
+        lakehouse, key = self._table(context, writing=True)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
         commit = lakehouse.replace_range(
@@ -107,7 +115,7 @@ class DeltaIOManager(ConfigurableIOManager):
         where that exists, production's table otherwise (a shadow of the marts alone reads
         production staging).
         """
-        lakehouse, key = self._table(context.asset_key, writing=False)
+        lakehouse, key = self._table(context, writing=False)
         if not context.has_asset_partitions or not context.asset_partition_keys:
             return None
         if not lakehouse.exists(key):
