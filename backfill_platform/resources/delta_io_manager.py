@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from dagster import (
     AssetKey,
     ConfigurableIOManager,
+    IdentityPartitionMapping,
     InitResourceContext,
     InputContext,
     MetadataValue,
     OutputContext,
+    TimeWindow,
 )
 from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
@@ -116,15 +118,55 @@ class DeltaIOManager(ConfigurableIOManager):
         production staging).
         """
         lakehouse, key = self._table(context, writing=False)
-        if not context.has_asset_partitions or not context.asset_partition_keys:
+        if not context.has_asset_partitions:
+            return None
+        window = shadow_read_window(context) or (
+            context.asset_partitions_time_window if context.asset_partition_keys else None
+        )
+        if window is None:
             return None
         if not lakehouse.exists(key):
             lakehouse = self.lakehouse
         if not lakehouse.exists(key):
             return None
         column = _partition_column(context.upstream_output.definition_metadata, context)
-        window = context.asset_partitions_time_window
         return lakehouse.read_range(key, column, window.start.date(), window.end.date())
+
+
+def shadow_read_window(context: InputContext) -> TimeWindow | None:
+    """A twin's read of a production table: the window production's own mapping gives.
+
+    A twin's edge from a production table maps no partitions (assets/shadow.py: so no
+    backfill of production days reaches a twin), so Dagster gives its input none; the twin
+    reads what its production asset reads for the same days. None for any other input.
+    """
+    if production_key(context.asset_key) is not None:
+        return None
+    step = context.step_context
+    layer = step.job_def.asset_layer
+    readers = layer.get_assets_def_for_node(step.node_handle)
+    twins = [k for k in (readers.keys if readers else ()) if production_key(k) is not None]
+    if not twins:
+        return None
+    partitions = context.asset_partitions_def
+    days = partitions.empty_subset().with_partition_key_range(partitions, step.partition_key_range)
+    windows = []
+    for twin in twins:
+        production = production_key(twin)
+        mapping = (
+            layer.get(production).partition_mappings.get(context.asset_key)
+            if layer.has(production)
+            else None
+        ) or IdentityPartitionMapping()  # an edge without a mapping: the same days
+        read = mapping.get_upstream_mapped_partitions_result_for_partitions(
+            days, partitions, partitions
+        ).partitions_subset
+        windows += read.get_partition_key_ranges(partitions)
+    if not windows:
+        return None
+    first = min(partitions.time_window_for_partition_key(r.start).start for r in windows)
+    last = max(partitions.time_window_for_partition_key(r.end).end for r in windows)
+    return TimeWindow(first, last)
 
 
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:
