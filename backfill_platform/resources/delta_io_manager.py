@@ -117,10 +117,17 @@ class DeltaIOManager(ConfigurableIOManager):
         where that exists, production's table otherwise (a shadow of the marts alone reads
         production staging).
         """
+        twins = reading_twins(context)
+        if twins and not self._shadow_suffix:  # refused before anything is read
+            raise refusal(
+                f"{twins[0].to_user_string()}: a shadow asset needs the run tag "
+                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
+                context=context,
+            )
         lakehouse, key = self._table(context, writing=False)
         if not context.has_asset_partitions:
             return None
-        window = shadow_read_window(context) or (
+        window = shadow_read_window(context, twins) or (
             context.asset_partitions_time_window if context.asset_partition_keys else None
         )
         if window is None:
@@ -133,21 +140,24 @@ class DeltaIOManager(ConfigurableIOManager):
         return lakehouse.read_range(key, column, window.start.date(), window.end.date())
 
 
-def shadow_read_window(context: InputContext) -> TimeWindow | None:
+def reading_twins(context: InputContext) -> list[AssetKey]:
+    """The shadow twins among the assets of the step that loads this input."""
+    step = context.step_context
+    readers = step.job_def.asset_layer.get_assets_def_for_node(step.node_handle)
+    return [k for k in (readers.keys if readers else ()) if production_key(k) is not None]
+
+
+def shadow_read_window(context: InputContext, twins: list[AssetKey]) -> TimeWindow | None:
     """A twin's read of a production table: the window production's own mapping gives.
 
     A twin's edge from a production table maps no partitions (assets/shadow.py: so no
     backfill of production days reaches a twin), so Dagster gives its input none; the twin
     reads what its production asset reads for the same days. None for any other input.
     """
-    if production_key(context.asset_key) is not None:
+    if not twins or production_key(context.asset_key) is not None:
         return None
     step = context.step_context
     layer = step.job_def.asset_layer
-    readers = layer.get_assets_def_for_node(step.node_handle)
-    twins = [k for k in (readers.keys if readers else ()) if production_key(k) is not None]
-    if not twins:
-        return None
     partitions = context.asset_partitions_def
     days = partitions.empty_subset().with_partition_key_range(partitions, step.partition_key_range)
     windows = []
