@@ -3,7 +3,7 @@
 `deploy/dagster.yaml` retries a failed run twice (`run_retries`, with
 `retry_on_asset_or_op_failure`), which covers a transient failure (a JVM out of memory, a
 lost lock, a CRM outage). A refusal is deterministic: a shadow twin without its suffix, a
-landing file with a bad header, raw about to be replaced by less, a missing upstream table.
+landing file with a bad header, raw about to be replaced by less, a bad Launchpad config.
 Re-running it refuses again, so two more red runs only bury the reason.
 
 `refusal(reason)` is the `Failure` to raise for those. `allow_retries=False` makes an op
