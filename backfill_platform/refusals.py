@@ -3,7 +3,7 @@
 `deploy/dagster.yaml` retries a failed run twice (`run_retries`, with
 `retry_on_asset_or_op_failure`), which covers a transient failure (a JVM out of memory, a
 lost lock, a CRM outage). A refusal is deterministic: a shadow twin without its suffix, a
-landing file with a bad header, raw about to be replaced by less, a missing upstream table.
+landing file with a bad header, raw about to be replaced by less, a bad Launchpad config.
 Re-running it refuses again, so two more red runs only bury the reason.
 
 `refusal(reason)` is the `Failure` to raise for those. `allow_retries=False` makes an op
@@ -13,6 +13,13 @@ run fails. So `refusal` also tags the step's run `dagster/max_retries=0` (the ta
 decision reads first) and records why in the run's event log; the run then ends with the
 step's one-line reason and no retry run. Raise it from inside a step: asset and op bodies,
 IO managers (pass their context), checks.
+
+Not refusals, so still retried: an input that is not there yet (an upstream table not
+built, LTV's previous snapshot missing, customers without a kept CRM answer, a missing FX
+rate) and a failed blocking check (it compares tables another run may be rewriting). An
+asset backfill may launch a run while the run building its input is still going (seen in
+the UI journey: LTV's later days launched before its earlier days were rebuilt); the retry
+runs after it and succeeds.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from pyspark.sql import functions as F
 from backfill_platform.assets.common import chunked_backfill_policy, run_dates
 from backfill_platform.assets.marts import _FX_REACH, _orders_in_usd
 from backfill_platform.partitions import daily_partitions
-from backfill_platform.refusals import refusal
 from backfill_platform.resources import CrmResource, LakehouseResource, SparkSessionResource
 from backfill_platform.resources.crm import CrmError
 from backfill_platform.resources.crm_limiter import BACKFILL, LIVE
@@ -76,7 +75,7 @@ def covered_days(context: AssetExecutionContext, run_id: str, key) -> dict[str, 
 
 def orders_of(lakehouse: LakehouseResource, context: AssetExecutionContext) -> DataFrame:
     if not lakehouse.exists(STAGING_ORDERS):
-        raise refusal("staging/orders has not been built; materialize it for this range first.")
+        raise Failure("staging/orders has not been built; materialize it for this range first.")
     start, end = run_dates(context)
     return lakehouse.read_range(STAGING_ORDERS, "event_date", start, end)
 
@@ -151,7 +150,7 @@ def staging_customers(
     # A twin (shadow/staging/customers) writes its run's shadow, never production.
     target, key = lakehouse.run_target(context.asset_key)
     if not lakehouse.exists(RAW_CRM_HISTORY):
-        raise refusal("raw/crm_customer_history has not been built; materialize it first.")
+        raise Failure("raw/crm_customer_history has not been built; materialize it first.")
     with target.table_lock(f"{target.storage_name(key)}.rebuild"):
         versions = scd2_versions(lakehouse.read(RAW_CRM_HISTORY)).withColumn(
             "_loaded_at", F.current_timestamp()
@@ -197,11 +196,11 @@ def fct_revenue_by_segment(
     missing = uncovered_customers(orders, kept_history(lakehouse))
     if missing:
         shown = ", ".join(repr(c) for c in missing[:10])
-        raise refusal(
+        raise Failure(
             f"{len(missing)} customers have no CRM answer covering their orders ({shown}); "
             "materialize raw/crm_customer_history and staging/customers for this range first."
         )
     if not lakehouse.exists(STAGING_CUSTOMERS):
-        raise refusal("staging/customers has not been built; materialize it first.")
+        raise Failure("staging/customers has not been built; materialize it first.")
     versions = lakehouse.read(STAGING_CUSTOMERS)
     return revenue_by_segment(orders, versions).withColumn("_loaded_at", F.current_timestamp())

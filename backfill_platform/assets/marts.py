@@ -5,6 +5,7 @@ from datetime import timedelta
 from dagster import (
     AssetExecutionContext,
     AssetIn,
+    Failure,
     TimeWindowPartitionMapping,
     asset,
 )
@@ -14,7 +15,6 @@ from pyspark.sql import functions as F
 from backfill_platform.assets.common import chunked_backfill_policy, run_dates
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
-from backfill_platform.refusals import refusal
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -43,8 +43,8 @@ _STAGED_UNTIL_DAY = _FX_REACH
 
 
 def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> DataFrame:
-    if staged is None:
-        raise refusal("staging/orders has not been built; materialize it for this range first.")
+    if staged is None:  # retried: a backfill's run building it may not have ended yet
+        raise Failure("staging/orders has not been built; materialize it for this range first.")
     if fx is None:
         fx = spark.createDataFrame(
             [], "rate_date date, currency string, usd_per_unit decimal(18,8), reject_reason string"
@@ -52,7 +52,7 @@ def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> Dat
     try:
         return with_usd(staged, fx)
     except FxRateError as error:
-        raise refusal(str(error)) from error
+        raise Failure(str(error)) from error
 
 
 @asset(
@@ -121,7 +121,9 @@ def customer_ltv(
     base = None
     if start > first_partition:
         if not lakehouse.covers(CUSTOMER_LTV, day_before):
-            raise refusal(
+            # Retried, not a refusal (refusals.py): an asset backfill may launch these days
+            # while the run rebuilding the day before is still going; a retry comes after.
+            raise Failure(
                 f"marts/customer_ltv has no snapshot for {day_before}; build the earlier "
                 "partitions first (LTV is cumulative and runs oldest to newest)."
             )

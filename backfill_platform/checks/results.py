@@ -31,7 +31,7 @@ from dagster import (
 )
 
 from backfill_platform.ranges import DayRange
-from backfill_platform.refusals import mark_not_retried, refusal
+from backfill_platform.refusals import refusal
 
 # Metadata of evaluations recorded before per-partition evaluations: the partitions one
 # evaluation covered and those that failed. Still read, so older history keeps counting.
@@ -177,14 +177,13 @@ def record(
         name = outputs[0].name if len(outputs) == 1 else spec.get_python_identifier()
         yield Output(None, output_name=name)
     if blocked:
-        # The data is what it is: a retry of this run would check the same rows again.
-        reason = (
+        # Retried, not a refusal (refusals.py): a check compares tables another run of the
+        # same backfill may be rewriting at that moment; bad data fails the retries too.
+        raise BlockingCheckFailed(
             "Blocking check failed; the assets downstream of this run were not executed "
             "(a ranged step cannot skip single days: fix the data and re-run the range). "
             + " | ".join(blocked)
         )
-        mark_not_retried(reason)
-        raise BlockingCheckFailed(reason, allow_retries=False)
 
 
 def latest_materializations(
