@@ -8,7 +8,7 @@ itself reported: that is how cycles get hidden. Layers, lowest first; a module m
 package and any lower layer, nothing above it, nor a peer package of its layer (assets and
 checks; automation and operations); core and entry modules may import each other:
 
-    core        settings, tables, partitions, ranges, lineage, runner, deployment
+    core        settings, tables, partitions, ranges, lineage, runner, deployment, refusals
     resources   Spark session, lakehouse, landing zone, IO manager
     transforms  the Spark logic
     assets, checks
@@ -29,7 +29,7 @@ PACKAGE = "backfill_platform"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: list[set[str]] = [
-    {"settings", "tables", "partitions", "ranges", "lineage", "runner", "deployment"},
+    {"settings", "tables", "partitions", "ranges", "lineage", "runner", "deployment", "refusals"},
     {"resources"},
     {"transforms"},
     {"assets", "checks"},

@@ -104,6 +104,7 @@ def crm_customer_history(
     except CrmError as error:
         if error.answers:  # answers received before the failure stay kept
             _append(context, lakehouse, error.answers, covered=False)
+        # Transient (an outage, timeouts past the attempts): the run retries keep it.
         raise Failure(str(error)) from None
     _append(context, lakehouse, answers)
     if stats.throttled_429:

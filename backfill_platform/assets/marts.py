@@ -43,7 +43,7 @@ _STAGED_UNTIL_DAY = _FX_REACH
 
 
 def _orders_in_usd(staged: DataFrame | None, fx: DataFrame | None, spark) -> DataFrame:
-    if staged is None:
+    if staged is None:  # retried: a backfill's run building it may not have ended yet
         raise Failure("staging/orders has not been built; materialize it for this range first.")
     if fx is None:
         fx = spark.createDataFrame(
@@ -121,6 +121,8 @@ def customer_ltv(
     base = None
     if start > first_partition:
         if not lakehouse.covers(CUSTOMER_LTV, day_before):
+            # Retried, not a refusal (refusals.py): an asset backfill may launch these days
+            # while the run rebuilding the day before is still going; a retry comes after.
             raise Failure(
                 f"marts/customer_ltv has no snapshot for {day_before}; build the earlier "
                 "partitions first (LTV is cumulative and runs oldest to newest)."

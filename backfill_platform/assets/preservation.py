@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from datetime import date
 
-from dagster import AssetExecutionContext, AssetKey, Config, Failure, MetadataValue
+from dagster import AssetExecutionContext, AssetKey, Config, MetadataValue
 from pydantic import Field
 from pyspark.sql import DataFrame
 
+from backfill_platform.refusals import refusal
 from backfill_platform.resources.delta_io_manager import SOURCE_PURGE
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import table
@@ -99,7 +100,7 @@ def guard_source(
         return
     listed = "; ".join(loss.describe() for loss in losses[:20])
     if not config.allow_source_purge:
-        raise Failure(
+        raise refusal(
             f"{key.to_user_string()}: refusing to replace raw by less; landing files are gone or "
             f"shrank: {listed}. Raw is unchanged. Restore the files, or re-run with run "
             "config allow_source_purge=true and a purge_reason for a deliberate purge.",

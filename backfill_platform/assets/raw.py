@@ -4,7 +4,7 @@ Nothing is dropped here: invalid lines are kept with their text (and bytes, if n
 and a `reject_reason`, so staging can quarantine them and reconciliation can count them.
 """
 
-from dagster import AssetExecutionContext, Failure, MetadataValue, asset
+from dagster import AssetExecutionContext, MetadataValue, asset
 from pyspark import StorageLevel
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
@@ -16,6 +16,7 @@ from backfill_platform.assets.preservation import (
     held_rows,
 )
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.refusals import refusal
 from backfill_platform.resources import (
     LakehouseResource,
     LandingZoneResource,
@@ -110,12 +111,12 @@ def raw_fx_rates(
     rates = parse_rates(lines).withColumn("_loaded_at", F.current_timestamp())
     headers, conflicts = fx_problems(lines, rates) if files else ([], [])
     if headers:
-        raise Failure(
+        raise refusal(
             "FX files without the header 'currency,usd_per_unit': " + "; ".join(headers),
             metadata={"files": MetadataValue.json(headers)},
         )
     if conflicts:
-        raise Failure("Two different rates for one currency and day: " + "; ".join(conflicts))
+        raise refusal("Two different rates for one currency and day: " + "; ".join(conflicts))
     guard_source(context, config, RAW_FX_RATES, held, rates)
     stats = Observation("raw_fx_rates")
     observed = rates.observe(

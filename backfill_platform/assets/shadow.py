@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dagster import AssetKey, AssetsDefinition, AssetSpec
+from dagster import (
+    AssetDep,
+    AssetKey,
+    AssetsDefinition,
+    AssetSpec,
+    SpecificPartitionsPartitionMapping,
+)
 
 from backfill_platform.tables import (
     CORRECTABLE_LAYERS,
@@ -34,13 +40,34 @@ def _correctable(definition: AssetsDefinition) -> bool:
     return bool(keys) and all(_is_correctable(key) for key in keys)
 
 
+# A twin's edge from a production table maps no partition either way: Dagster's asset
+# backfill widens a selection downstream through partition mappings, so a backfill launched
+# from production days (the UI's "Materialize all", every asset over a range) never reaches
+# a twin, which needs a shadow suffix no such backfill has. Only a backfill naming the
+# twins' own partitions (`backfill-platform shadow`) runs them; the IO manager reads the
+# production table over the window production's own mapping gives (`shadow_read_window`).
+NO_PARTITIONS = SpecificPartitionsPartitionMapping([])
+
+
+def _production_table(key: AssetKey) -> bool:
+    """A production table a twin reads (partitioned; the observed reference is no table)."""
+    return key.to_user_string() in TABLE_NAMES and not _is_correctable(key)
+
+
 def shadow_twin(definition: AssetsDefinition) -> AssetsDefinition:
-    """`definition` under shadow keys, in the shadow group, depending on shadow twins."""
+    """`definition` under shadow keys, in the shadow group, depending on shadow twins; its
+    edges from production tables map no partitions (`NO_PARTITIONS`)."""
     upstream = {key for deps in definition.asset_deps.values() for key in deps}
     replaced = {key: shadow_key(key) for key in definition.keys | upstream if _is_correctable(key)}
 
     def regroup(spec: AssetSpec) -> AssetSpec:
-        return spec.replace_attributes(group_name=SHADOW_GROUP)
+        deps = [
+            AssetDep(dep.asset_key, partition_mapping=NO_PARTITIONS)
+            if _production_table(dep.asset_key)
+            else dep
+            for dep in spec.deps
+        ]
+        return spec.replace_attributes(group_name=SHADOW_GROUP, deps=deps)
 
     return definition.with_attributes(asset_key_replacements=replaced).map_asset_specs(regroup)
 

@@ -11,7 +11,6 @@ from dagster import (
     AssetObservation,
     Config,
     DefaultScheduleStatus,
-    Failure,
     OpExecutionContext,
     ScheduleDefinition,
     job,
@@ -19,6 +18,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from backfill_platform.refusals import refusal
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, VACUUM_RETENTION_HOURS, setting
 from backfill_platform.tables import TABLES
@@ -43,7 +43,7 @@ def vacuum_lakehouse(
     )
     floor = float(setting(SHADOW_RETENTION_HOURS))
     if retention < floor:
-        raise Failure(
+        raise refusal(
             f"VACUUM retention {retention:g} h is shorter than the shadow retention "
             f"({floor:g} h): a cutover inside that window could no longer be rolled back."
         )

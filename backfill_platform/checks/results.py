@@ -31,6 +31,7 @@ from dagster import (
 )
 
 from backfill_platform.ranges import DayRange
+from backfill_platform.refusals import refusal
 
 # Metadata of evaluations recorded before per-partition evaluations: the partitions one
 # evaluation covered and those that failed. Still read, so older history keeps counting.
@@ -46,7 +47,7 @@ def run_partitions(context: AssetCheckExecutionContext) -> DayRange:
     """The check's partitions: one key in a single-partition run, the range in a ranged run."""
     op_context = context.op_execution_context
     if not op_context.has_partition_key and not op_context.has_partition_key_range:
-        raise Failure(
+        raise refusal(
             "This check verifies the partitions a run wrote; launch it with a partition or a "
             "partition range (it runs with every materialization of its asset)."
         )
@@ -176,6 +177,8 @@ def record(
         name = outputs[0].name if len(outputs) == 1 else spec.get_python_identifier()
         yield Output(None, output_name=name)
     if blocked:
+        # Retried, not a refusal (refusals.py): a check compares tables another run of the
+        # same backfill may be rewriting at that moment; bad data fails the retries too.
         raise BlockingCheckFailed(
             "Blocking check failed; the assets downstream of this run were not executed "
             "(a ranged step cannot skip single days: fix the data and re-run the range). "

@@ -4,7 +4,6 @@ from dagster import (
     AssetKey,
     AssetObservation,
     Config,
-    Failure,
     MetadataValue,
     Nothing,
     OpExecutionContext,
@@ -23,6 +22,7 @@ from backfill_platform.operations.arguments import (
     check_selection,
 )
 from backfill_platform.operations.plan import build_plan
+from backfill_platform.refusals import refusal
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 
 PLAN_MARKER = "preflight_plan"
@@ -48,7 +48,7 @@ def preflight_plan(
         selection = check_selection(lineage, config.select)
         days = check_range(config.start, config.end, confirmed=True)
     except OPERATOR_ERRORS as error:
-        raise Failure(f"Refused: {error}") from error
+        raise refusal(f"Refused: {error}") from error
     plan = build_plan(
         lakehouse,
         landing,

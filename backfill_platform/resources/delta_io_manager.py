@@ -15,16 +15,19 @@ from dataclasses import dataclass
 from dagster import (
     AssetKey,
     ConfigurableIOManager,
+    IdentityPartitionMapping,
     InitResourceContext,
     InputContext,
     MetadataValue,
     OutputContext,
+    TimeWindow,
 )
 from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
+from backfill_platform.refusals import refusal
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import run_shadow_suffix
+from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
@@ -51,14 +54,17 @@ class DeltaIOManager(ConfigurableIOManager):
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
 
-    def _table(self, key: AssetKey, writing: bool) -> tuple[LakehouseResource, AssetKey]:
-        return self.lakehouse.for_asset(key, self._shadow_suffix, writing)
+    def _table(
+        self, context: InputContext | OutputContext, writing: bool
+    ) -> tuple[LakehouseResource, AssetKey]:
+        """The lakehouse and table of the context's asset: a twin's shadow, or production."""
+        return self.lakehouse.for_asset(context.asset_key, self._shadow_suffix, writing, context)
 
     def handle_output(self, context: OutputContext, obj: DataFrame | ObservedFrame | None) -> None:
         if obj is None:
             return
         observed = obj if isinstance(obj, ObservedFrame) else None
-        lakehouse, key = self._table(context.asset_key, writing=True)
+        lakehouse, key = self._table(context, writing=True)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
         commit = lakehouse.replace_range(
@@ -91,16 +97,66 @@ class DeltaIOManager(ConfigurableIOManager):
         where that exists, production's table otherwise (a shadow of the marts alone reads
         production staging).
         """
-        lakehouse, key = self._table(context.asset_key, writing=False)
-        if not context.has_asset_partitions or not context.asset_partition_keys:
+        twins = reading_twins(context)
+        if twins and not self._shadow_suffix:  # refused before anything is read
+            raise refusal(
+                f"{twins[0].to_user_string()}: a shadow asset needs the run tag "
+                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
+                context=context,
+            )
+        lakehouse, key = self._table(context, writing=False)
+        if not context.has_asset_partitions:
+            return None
+        window = shadow_read_window(context, twins) or (
+            context.asset_partitions_time_window if context.asset_partition_keys else None
+        )
+        if window is None:
             return None
         if not lakehouse.exists(key):
             lakehouse = self.lakehouse
         if not lakehouse.exists(key):
             return None
         column = _partition_column(context.upstream_output.definition_metadata, context)
-        window = context.asset_partitions_time_window
         return lakehouse.read_range(key, column, window.start.date(), window.end.date())
+
+
+def reading_twins(context: InputContext) -> list[AssetKey]:
+    """The shadow twins among the assets of the step that loads this input."""
+    step = context.step_context
+    readers = step.job_def.asset_layer.get_assets_def_for_node(step.node_handle)
+    return [k for k in (readers.keys if readers else ()) if production_key(k) is not None]
+
+
+def shadow_read_window(context: InputContext, twins: list[AssetKey]) -> TimeWindow | None:
+    """A twin's read of a production table: the window production's own mapping gives.
+
+    A twin's edge from a production table maps no partitions (assets/shadow.py: so no
+    backfill of production days reaches a twin), so Dagster gives its input none; the twin
+    reads what its production asset reads for the same days. None for any other input.
+    """
+    if not twins or production_key(context.asset_key) is not None:
+        return None
+    step = context.step_context
+    layer = step.job_def.asset_layer
+    partitions = context.asset_partitions_def
+    days = partitions.empty_subset().with_partition_key_range(partitions, step.partition_key_range)
+    windows = []
+    for twin in twins:
+        production = production_key(twin)
+        mapping = (
+            layer.get(production).partition_mappings.get(context.asset_key)
+            if layer.has(production)
+            else None
+        ) or IdentityPartitionMapping()  # an edge without a mapping: the same days
+        read = mapping.get_upstream_mapped_partitions_result_for_partitions(
+            days, partitions, partitions
+        ).partitions_subset
+        windows += read.get_partition_key_ranges(partitions)
+    if not windows:
+        return None
+    first = min(partitions.time_window_for_partition_key(r.start).start for r in windows)
+    last = max(partitions.time_window_for_partition_key(r.end).end for r in windows)
+    return TimeWindow(first, last)
 
 
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
-from dagster import AssetKey, ConfigurableResource, Failure, InitResourceContext
+from dagster import AssetKey, ConfigurableResource, InitResourceContext
 from delta.exceptions import (
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_platform.partitions import commit_partition_keys
+from backfill_platform.refusals import refusal
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
@@ -162,7 +163,7 @@ class LakehouseResource(ConfigurableResource):
         )
 
     def for_asset(
-        self, key: AssetKey, shadow_suffix: str | None, writing: bool
+        self, key: AssetKey, shadow_suffix: str | None, writing: bool, context=None
     ) -> tuple[LakehouseResource, AssetKey]:
         """The lakehouse and table an asset reads or writes: a twin's shadow, or production.
 
@@ -170,23 +171,23 @@ class LakehouseResource(ConfigurableResource):
         themselves, such as staging/customers), so a twin can never reach production: a
         twin (`shadow/...` key) needs the run's shadow suffix, and a production asset in a
         run that carries one is refused before it writes. Refusals are final (retrying
-        cannot add a tag), so the run ends at once.
+        cannot add a tag), so the run ends at once (refusals.py; `context`: an IO manager's).
         """
         production = production_key(key)
         if production is None:
             if shadow_suffix and writing:
-                raise Failure(
+                raise refusal(
                     f"{key.to_user_string()}: this run carries {SHADOW_SUFFIX_TAG}="
                     f"{shadow_suffix}, so it writes shadow assets only; production "
                     "is unchanged. Select the shadow/... assets or drop the tag.",
-                    allow_retries=False,
+                    context=context,
                 )
             return self, key
         if not shadow_suffix:
-            raise Failure(
+            raise refusal(
                 f"{key.to_user_string()}: a shadow asset needs the run tag "
                 f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
-                allow_retries=False,
+                context=context,
             )
         return self.shadowing(shadow_suffix, [production]), production
 
