@@ -114,10 +114,10 @@ $(VERSITYGW):
 
 s3-deps: $(VERSITYGW)
 
-# One worker per deployment group (the shared deployment, the UI journey's, the object store's):
-# their time is mostly waiting on the backfill daemon's 30 s iterations and on Spark start-up,
-# so a third worker overlaps those waits instead of queueing a whole group behind another.
-E2E_WORKERS ?= 3
+# Workers for the deployment groups (the shared deployment, the UI journey's, the object
+# store's). 3 would overlap the backfill daemon's 30 s waits, but under load the UI journey's
+# backfill then outlived its 900 s wait: kept at 2 until an idle CI run measures 3.
+E2E_WORKERS ?= $(TEST_WORKERS)
 e2e: install e2e-deps s3-deps
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
 		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" backfill_platform_tests/e2e
