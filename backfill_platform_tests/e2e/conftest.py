@@ -50,7 +50,6 @@ CRM_TOKEN = "scaled-out-crm-token"
 SHARED_DEPLOYMENT_MODULES = {
     "test_backfill_services.py",
     "test_cli_deployment.py",
-    "test_ltv_order.py",
     "test_scaled_out.py",
     "test_ui_browser.py",
 }

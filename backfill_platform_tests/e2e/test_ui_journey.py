@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import date, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from backfill_platform_tests.e2e.conftest import (
     SEED,
     start_deployment,
 )
+from backfill_platform_tests.e2e.tables import lakehouse_for
 from backfill_platform_tests.e2e.test_ui_browser import ARTIFACTS, open_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -182,10 +184,12 @@ def _expected_reach(name: str) -> tuple[str, str]:
 
 
 def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_each_day(
-    journey,
+    journey, spark
 ):
     SHOTS.mkdir(parents=True, exist_ok=True)
     dagster = journey.dagster
+    lake = lakehouse_for(journey.lakehouse, spark)
+    ltv_before = max(c["version"] for c in lake.history(CUSTOMER_LTV))
     from selenium.webdriver.common.keys import Keys
 
     with chromium() as driver:
@@ -223,6 +227,9 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         assert status["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), status
         runs = dagster.graphql(BACKFILL_RUNS, {"id": backfill_id})["runsOrError"]["results"]
         assert runs and {r["status"] for r in runs} == {"SUCCESS"}, runs  # no run failed
+        _assert_ltv_committed_oldest_first(
+            lake, ltv_before, _expected_reach(CUSTOMER_LTV.to_user_string())
+        )
         open_page(driver, f"{dagster.url}/runs/b/{backfill_id}", ["Succeeded", "marts / "])
         driver.save_screenshot(str(SHOTS / "4-backfill-done.png"))
 
@@ -262,6 +269,26 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
             key.to_user_string(),
             dict(zip(built, statuses, strict=True)),
         )
+
+
+def _assert_ltv_committed_oldest_first(lake, after: int, reach: tuple[str, str]) -> None:
+    """customer_ltv D is D-1 plus day D: the backfill's LTV ranges, in Delta commit order,
+    run from the first targeted day to the last, each starting where the one before ended.
+    On this history the old code built the days past staging's range (01-07..01-13) from the
+    old 01-06 snapshot before rebuilding 01-01..01-06 (issue 36; docs/lineage.md)."""
+    commits = sorted(
+        (c for c in lake.history(CUSTOMER_LTV) if c["version"] > after), key=lambda c: c["version"]
+    )
+    ranges = [
+        (c["metadata"]["partition_start"], c["metadata"]["partition_end"])
+        for c in commits
+        if c["metadata"].get("partition_start")
+    ]
+    first, last = reach
+    assert ranges and ranges[0][0] == first, ranges
+    assert ranges[-1][1] == (date.fromisoformat(last) + timedelta(1)).isoformat(), ranges
+    for (_, end), (start, _) in pairwise(ranges):
+        assert start == end, f"LTV range from {start} committed out of order: {ranges}"
 
 
 def _show_partitions(driver, check: str) -> None:
