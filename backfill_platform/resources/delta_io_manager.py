@@ -25,9 +25,8 @@ from dagster import (
 from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
-from backfill_platform.refusals import refusal
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import SHADOW_SUFFIX_TAG, production_key, run_shadow_suffix
+from backfill_platform.tables import production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 
@@ -98,12 +97,8 @@ class DeltaIOManager(ConfigurableIOManager):
         production staging).
         """
         twins = reading_twins(context)
-        if twins and not self._shadow_suffix:  # refused before anything is read
-            raise refusal(
-                f"{twins[0].to_user_string()}: a shadow asset needs the run tag "
-                f"{SHADOW_SUFFIX_TAG}=<suffix> naming the shadow it writes; nothing was written.",
-                context=context,
-            )
+        if twins:  # a twin without the run's suffix is refused before anything is read
+            self.lakehouse.for_asset(twins[0], self._shadow_suffix, writing=True, context=context)
         lakehouse, key = self._table(context, writing=False)
         if not context.has_asset_partitions:
             return None
