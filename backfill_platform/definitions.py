@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from dagster import Definitions, in_process_executor
 
@@ -115,14 +117,23 @@ def crm_limiter_choice(lakehouse_dir: str) -> tuple[str, str]:
         return "postgres", ""
     if path:
         return "sqlite", path
-    if is_uri(lakehouse_dir):
+    local_root = local_path(lakehouse_dir)
+    if local_root is None:
         raise SettingError(
             f"BACKFILL_LAKEHOUSE_DIR={lakehouse_dir} is object storage, so runs may start on "
             "several machines, but the CRM rate limiter would be a file per machine: set "
             "DAGSTER_PG_* (the Dagster instance's PostgreSQL; BACKFILL_CRM_LIMITER_BACKEND="
             "postgres) or BACKFILL_CRM_LIMITER to a file every run's machine shares"
         )
-    return "sqlite", default_limiter_path(lakehouse_dir)
+    return "sqlite", default_limiter_path(local_root)
+
+
+def local_path(root: str) -> str | None:
+    """A plain path, or a `file://` URI's path (one machine's disk); None for object storage."""
+    if not is_uri(root):
+        return root
+    parsed = urlparse(root)
+    return url2pathname(parsed.path) if parsed.scheme == "file" else None
 
 
 def default_limiter_path(lakehouse_dir: str) -> str:

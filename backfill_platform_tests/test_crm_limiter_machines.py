@@ -240,6 +240,9 @@ def test_which_limiter_a_deployment_gets(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     local = str(tmp_path / "lake")
     assert crm_limiter_choice(local) == ("sqlite", str(tmp_path / "crm_rate_limit.sqlite"))
+    # A file:// root is one machine's disk, like a plain path.
+    expected = ("sqlite", str(tmp_path / "crm_rate_limit.sqlite"))
+    assert crm_limiter_choice((tmp_path / "lake").as_uri()) == expected
     # An object-store root without a shared limiter: refused in one line naming the settings.
     with pytest.raises(SettingError, match=r"DAGSTER_PG_.*BACKFILL_CRM_LIMITER") as refused:
         crm_limiter_choice("s3a://bucket/lake")

@@ -61,7 +61,8 @@ def _data_columns(lake: LakehouseResource, table: str) -> list[str]:
     return sorted(c for c in lake.read(table).columns if not c.startswith("_"))
 
 
-def test_object_store_keys_reach_hadoop_only(monkeypatch):
+def test_object_store_keys_reach_hadoop_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKFILL_CRM_LIMITER", str(tmp_path / "shared-limiter.sqlite"))
     monkeypatch.setenv("BACKFILL_S3_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("BACKFILL_S3_SECRET_ACCESS_KEY", "wJalr-secret-value")
     monkeypatch.setenv("BACKFILL_S3_ENDPOINT", "http://127.0.0.1:9")
@@ -81,7 +82,8 @@ def test_object_store_keys_reach_hadoop_only(monkeypatch):
     assert conf["spark.delta.logStore.s3a.impl"] == "backfill_platform.S3ConditionalLogStore"
 
 
-def test_without_keys_s3a_uses_the_default_credential_chain(monkeypatch):
+def test_without_keys_s3a_uses_the_default_credential_chain(monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKFILL_CRM_LIMITER", str(tmp_path / "shared-limiter.sqlite"))
     for name in ("BACKFILL_S3_ACCESS_KEY_ID", "BACKFILL_S3_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
     conf = build_resources("s3a://b/landing", "s3a://b/lake")["spark"].spark_config()
