@@ -5,6 +5,11 @@ import os
 
 # Partitions are defined at import time from this setting; tests use 2024 dates.
 os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
+# Interpreted query evaluation for tiny test tables, in every JVM the tests start
+# (spark-conf/spark-defaults.conf says why); a deployment test may point at its own.
+os.environ.setdefault(
+    "SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
+)
 
 import json
 

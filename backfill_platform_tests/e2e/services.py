@@ -365,7 +365,15 @@ class DagsterServices:
         self.services.append(
             start(
                 "dagster-daemon",
-                [str(BIN / "dagster-daemon"), "run", "-w", workspace],
+                # dagster-daemon, its backfill daemon ticking every 5 s (e2e/daemon.py)
+                [
+                    sys.executable,
+                    "-m",
+                    "backfill_platform_tests.e2e.daemon",
+                    "run",
+                    "-w",
+                    workspace,
+                ],
                 self.log_dir,
                 self.env,
                 REPO_ROOT,
