@@ -115,12 +115,15 @@ $(VERSITYGW):
 s3-deps: $(VERSITYGW)
 
 # Workers for the deployment groups (the shared deployment, the UI journey's, the object
-# store's). 3 would overlap the backfill daemon's 30 s waits, but under load the UI journey's
-# backfill then outlived its 900 s wait: kept at 2 until an idle CI run measures 3.
+# store's). Two cores are saturated with 2 (load 12 during the scaled-out set-up); under load
+# a third left the UI journey's backfill past its 900 s wait.
 E2E_WORKERS ?= $(TEST_WORKERS)
+# Test files left out (`.ci/run` leaves out the scaled-out deployment: see README "Testing").
+E2E_IGNORE ?=
 e2e: install e2e-deps s3-deps
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
-		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" backfill_platform_tests/e2e
+		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" \
+		$(foreach f,$(E2E_IGNORE),--ignore=$(f)) backfill_platform_tests/e2e
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests

@@ -18,6 +18,28 @@ import pytest
 from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform_tests.harness import Platform, spark_resource_for_tests
 
+# pytest-xdist hands out test files (`make e2e`: deployment groups) in collection order, two
+# per worker to start, then one as a worker frees up: the longest first, so no worker is
+# left running a long file alone at the end (longest-processing-time first). The order comes
+# from CI's --durations output (2026-11-26); files not named keep their place after these.
+LONGEST_FIRST = (
+    "test_ui_journey.py",
+    "test_service_faults.py",
+    "test_operations.py",
+    "test_crm.py",
+    "test_live_backfill.py",
+    "test_kill.py",
+    "test_bench.py",
+    "test_platform.py",
+    "test_checks.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # Every backfill calls the CRM: the session's demo CRM knows no one (every customer 404)
 # and admits far more than tests need; CRM tests start their own servers.
 SESSION_CRM_TOKEN = "session-crm-token"
