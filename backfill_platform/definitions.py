@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from dagster import Definitions, in_process_executor
 
@@ -19,7 +17,7 @@ from backfill_platform.resources import (
     LandingZoneResource,
     SparkSessionResource,
 )
-from backfill_platform.resources.storage import is_uri
+from backfill_platform.resources.storage import local_path
 from backfill_platform.settings import (
     CRM_CONCURRENCY,
     CRM_LIMITER,
@@ -126,14 +124,6 @@ def crm_limiter_choice(lakehouse_dir: str) -> tuple[str, str]:
             "postgres) or BACKFILL_CRM_LIMITER to a file every run's machine shares"
         )
     return "sqlite", default_limiter_path(local_root)
-
-
-def local_path(root: str) -> str | None:
-    """A plain path, or a `file://` URI's path (one machine's disk); None for object storage."""
-    if not is_uri(root):
-        return root
-    parsed = urlparse(root)
-    return url2pathname(parsed.path) if parsed.scheme == "file" else None
 
 
 def default_limiter_path(lakehouse_dir: str) -> str:

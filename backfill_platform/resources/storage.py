@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from pyspark.sql import SparkSession
 
@@ -21,6 +23,14 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 def is_uri(path: str) -> bool:
     """`s3a://b/k` or `file:///x` (a scheme and `//`), not a local path."""
     return bool(_URI.match(str(path)))
+
+
+def local_path(root: str) -> str | None:
+    """A plain path, or a `file://` URI's path (one machine's disk); None for object storage."""
+    if not is_uri(root):
+        return root
+    parsed = urlparse(root)
+    return url2pathname(parsed.path) if parsed.scheme == "file" else None
 
 
 def join(root: str, *parts: str) -> str:
