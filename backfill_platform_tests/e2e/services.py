@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: dagster-webserver, dagster-daemon, spark-class
@@ -407,6 +408,15 @@ class DagsterServices:
             service.remember_descendants()
         stop_all(self.services)
 
+    def restart(self, env: Mapping[str, str]) -> None:
+        """Stop webserver and daemon and start them again with `env` added: a setting the
+        code location reads when it loads (e.g. the chunk size) needs new processes."""
+        self.stop()
+        self.services.clear()
+        self.env = {**self.env, **env}
+        self.start_webserver()
+        self.start_daemon()
+
     # -- GraphQL --------------------------------------------------------------------------
     def graphql(self, query: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
         body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
@@ -512,6 +522,35 @@ def dagster_env(
         **dict(extra),
     }
     return env
+
+
+def cli_env(deployment) -> dict[str, str]:
+    return {**deployment.dagster.env, "DAGSTER_URL": deployment.dagster.url}
+
+
+def run_cli(
+    deployment, *argv: str, refusal_fails: bool = True, timeout: float = 900
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """The console command as an operator runs it (`--json`), pointed at the deployment's
+    webserver; a refusal fails the test with the webserver's log tail."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "backfill_platform", *argv, "--json"],
+        cwd=REPO_ROOT,
+        env=cli_env(deployment),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    try:
+        payload = json.loads(result.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON from {argv}: {result.stdout}\n{result.stderr}")
+    if refusal_fails and payload.get("refused"):
+        logs = "\n".join(log_tail(p, 60) for p in deployment.dagster.logs[:1])
+        pytest.fail(f"{argv} refused: {payload['error']}\nwebserver:\n{logs}")
+    print(f"{' '.join(argv)}: {time.monotonic() - started:.0f} s, exit {result.returncode}")
+    return result, payload
 
 
 def make_dagster_home(root: Path, yaml_name: str) -> Path:

@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from dagster import AssetKey, DagsterInstance, RunsFilter
@@ -22,41 +21,14 @@ from backfill_platform.deployment import REASON_TAG
 from backfill_platform.reconcile import fingerprints
 from backfill_platform.runner import TRIGGER_TAG, backfill
 from backfill_platform.tables import TABLE_NAMES
-from backfill_platform_tests.e2e.conftest import BACKFILL_TIMEOUT, FIRST_DAY, LAST_DAY
-from backfill_platform_tests.e2e.services import FINISHED_BACKFILL, REPO_ROOT, log_tail
+from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY
+from backfill_platform_tests.e2e.services import FINISHED_BACKFILL, REPO_ROOT, cli_env, run_cli
 from backfill_platform_tests.e2e.tables import lakehouse_for
 from backfill_platform_tests.harness import spark_resource_for_tests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FIRST, LAST = FIRST_DAY.isoformat(), LAST_DAY.isoformat()
-
-
-def cli_env(deployment) -> dict[str, str]:
-    return {**deployment.dagster.env, "DAGSTER_URL": deployment.dagster.url}
-
-
-def cli(deployment, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """The console command as an operator runs it, pointed at the test's webserver."""
-    env = cli_env(deployment)
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "backfill_platform", *argv, "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BACKFILL_TIMEOUT,
-    )
-    try:
-        payload = json.loads(result.stdout)
-    except ValueError:
-        pytest.fail(f"no JSON from {argv}: {result.stdout}\n{result.stderr}")
-    if payload.get("refused"):
-        logs = "\n".join(log_tail(p, 60) for p in deployment.dagster.logs[:1])
-        pytest.fail(f"{argv} refused: {payload['error']}\nwebserver:\n{logs}")
-    print(f"{argv[0]}: {time.monotonic() - started:.0f} s, {len(payload.get('runs', []))} runs")
-    return result, payload
 
 
 def instance_of(deployment) -> DagsterInstance:
@@ -76,7 +48,7 @@ def targeted(deployment, backfill_id: str) -> dict[str, int]:
 
 def test_cli_backfill_runs_on_the_deployment_and_equals_in_process(deployment, spark, tmp_path):
     everything = ",".join(TABLE_NAMES)
-    result, payload = cli(
+    result, payload = run_cli(
         deployment, "backfill", "--select", everything, "--start", FIRST, "--end", LAST,
         "--reason", "e2e: the CLI through the deployment",
     )  # fmt: skip
@@ -124,7 +96,7 @@ def test_failed_backfill_exits_non_zero_and_retry_reruns_only_what_failed(deploy
     hidden = deployment.landing.parent / "hidden-orders"
     day.rename(hidden)
     try:
-        result, payload = cli(
+        result, payload = run_cli(
             deployment, "backfill", "--select", "raw/orders,raw/fx_rates",
             "--start", FIRST, "--end", LAST, "--tag", "dagster/max_retries=0",
         )  # fmt: skip
@@ -133,7 +105,7 @@ def test_failed_backfill_exits_non_zero_and_retry_reruns_only_what_failed(deploy
     assert result.returncode == 1, result.stdout + result.stderr
     failed_id = payload["backfill_id"]
     assert payload["outcome"] != "COMPLETED_SUCCESS"
-    retry, retried_payload = cli(deployment, "retry", failed_id)
+    retry, retried_payload = run_cli(deployment, "retry", failed_id)
     assert retry.returncode == 0, retry.stdout + retry.stderr
     retried = retried_payload["backfill_id"]
     assert retried_payload["outcome"] == "COMPLETED_SUCCESS"
@@ -169,5 +141,5 @@ def test_ctrl_c_leaves_the_backfill_running_and_cancel_stops_it(deployment):
     assert f"backfill-platform cancel {backfill_id}" in payload["error"]
     assert deployment.dagster.backfill(backfill_id)["status"] not in FINISHED_BACKFILL
 
-    result, cancelled = cli(deployment, "cancel", backfill_id)
+    result, cancelled = run_cli(deployment, "cancel", backfill_id)
     assert result.returncode == 1 and cancelled["outcome"] == "CANCELED", cancelled
