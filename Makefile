@@ -54,6 +54,12 @@ $(JARS): $(INSTALLED) build-support/delta-jars.pom.xml
 
 jars: $(JARS)
 
+# The tests' JVMs start from a class-data archive of Spark's and Delta's classes (about half
+# a session's start-up; backfill_platform_tests/spark_jvm.py says why). Rebuilt with the jars.
+CDS := .spark-jars/cds/spark-tests.jsa
+$(CDS): $(JARS) backfill_platform_tests/spark_jvm.py backfill_platform_tests/spark-conf/spark-defaults.conf
+	@$(PY) -m backfill_platform_tests.spark_jvm
+
 dagster-home:
 	@mkdir -p $(DAGSTER_HOME)
 	@cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
@@ -82,7 +88,7 @@ cli: install
 # `make e2e` groups its tests by deployment. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 # PostgreSQL's server: test_crm_limiter_machines.py starts one (3 s) for the CRM limiter.
-test: install reliability-deps
+test: install reliability-deps $(CDS)
 	@status=0; $(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
 		-n $(TEST_WORKERS) --dist loadfile backfill_platform_tests || status=$$?; \
 	echo "make test: the core. Slower suites: make reliability RELIABILITY_SIZE=small (kills, \
@@ -121,18 +127,18 @@ E2E_WORKERS ?= $(TEST_WORKERS)
 # Extra pytest arguments (`.ci/run` leaves out the scaled-out deployment and the four-writer
 # S3 race: see README "Testing").
 E2E_ARGS ?=
-e2e: install e2e-deps s3-deps
+e2e: install e2e-deps s3-deps $(CDS)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
 		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" \
 		$(E2E_ARGS) backfill_platform_tests/e2e
 
-test-fast: install
+test-fast: install $(CDS)
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
 
 # Killed runs, concurrent writers, live + backfill, hostile input, properties, faults of the
 # real services (daemon, run worker, PostgreSQL); prints the figures and writes them to
 # test-artifacts/reliability/ (see docs/reliability.md).
-reliability: install reliability-deps
+reliability: install reliability-deps $(CDS)
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
 		-n $(TEST_WORKERS) --dist loadfile -m reliability backfill_platform_tests/reliability

@@ -3,13 +3,15 @@ instance per test."""
 
 import os
 
+from backfill_platform_tests.spark_jvm import empty_conf_dir, submit_args
+
 # Partitions are defined at import time from this setting; tests use 2024 dates.
 os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
-# Interpreted query evaluation for tiny test tables, in every JVM the tests start
-# (spark-conf/spark-defaults.conf says why); a deployment test may point at its own.
-os.environ.setdefault(
-    "SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
-)
+# Every JVM the tests start (theirs, and the Dagster runs, CLI processes and workers they
+# spawn): interpreted query evaluation and the class-data archive (spark_jvm.py says why).
+# A deployment test may point SPARK_CONF_DIR at its own.
+os.environ.setdefault("SPARK_CONF_DIR", empty_conf_dir())
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit_args())
 
 import json
 

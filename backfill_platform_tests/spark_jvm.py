@@ -1,0 +1,117 @@
+"""How every JVM the tests start is launched: interpreted query evaluation and a class-data
+sharing (CDS) archive of the classes Spark and Delta load at start-up.
+
+The tests start hundreds of driver JVMs (each Dagster run of a test deployment, each CLI
+process, each reliability worker). Loading and verifying Spark's classes is most of a JVM's
+start: with the archive (`make test` builds it once, `python -m
+backfill_platform_tests.spark_jvm`) a session's start took 15-20 s instead of 31-46 s on a
+loaded 2-core machine. Java 17's CDS refuses a class path holding a non-empty directory, and
+pyspark puts `SPARK_CONF_DIR` on it, so the settings of `spark-conf/spark-defaults.conf` go to
+spark-submit as `--conf` (`PYSPARK_SUBMIT_ARGS`) and `SPARK_CONF_DIR` is an empty directory.
+An archive that does not match the JVM or its class path is ignored silently (`-Xlog:disable`:
+the JVM's warnings would go to stdout, which the CLI's `--json` owns); the run is only slower.
+The product sets none of this; deployments keep Spark's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULTS = Path(__file__).resolve().parent / "spark-conf" / "spark-defaults.conf"
+CDS_DIR = REPO_ROOT / ".spark-jars" / "cds"
+ARCHIVE = CDS_DIR / "spark-tests.jsa"
+EMPTY_CONF_DIR = CDS_DIR / "conf"  # on the JVM's class path: must stay empty
+
+
+def test_settings() -> list[tuple[str, str]]:
+    pairs = []
+    for line in DEFAULTS.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, value = line.split(None, 1)
+            pairs.append((key, value.strip()))
+    return pairs
+
+
+def submit_args(java_options: str | None = None) -> str:
+    """`PYSPARK_SUBMIT_ARGS`: the test settings, and the archive when there is one."""
+    args = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in test_settings()]
+    if java_options is None and ARCHIVE.exists():
+        java_options = f"-XX:SharedArchiveFile={ARCHIVE} -Xlog:disable"
+    if java_options:
+        args.append(f"--driver-java-options {shlex.quote(java_options)}")
+    return " ".join([*args, "pyspark-shell"])
+
+
+def empty_conf_dir() -> str:
+    EMPTY_CONF_DIR.mkdir(parents=True, exist_ok=True)
+    return str(EMPTY_CONF_DIR)
+
+
+WORKLOAD = """
+import tempfile
+from delta.tables import DeltaTable
+from pyspark.sql import Observation, functions as F
+from backfill_platform_tests.harness import spark_resource_for_tests
+
+spark = spark_resource_for_tests().get_session()
+root = tempfile.mkdtemp()
+lines = spark.createDataFrame(
+    [('{"order_id": "o1", "amount": 1.5, "event_time": "2024-01-01T10:00:00Z"}', "2024-01-01")],
+    "value string, ingest_date string",
+)
+parsed = lines.withColumn(
+    "r", F.from_json("value", "order_id string, amount decimal(18,2), event_time string")
+).select("r.*", "ingest_date")
+seen = Observation("rows")
+parsed.observe(seen, F.count(F.lit(1)).alias("n")).write.format("delta").partitionBy(
+    "ingest_date"
+).save(root + "/t")
+parsed.write.format("delta").mode("overwrite").option(
+    "replaceWhere", "ingest_date = '2024-01-01'"
+).save(root + "/t")
+table = DeltaTable.forPath(spark, root + "/t")
+table.alias("t").merge(parsed.alias("s"), "t.order_id = s.order_id").whenMatchedUpdateAll(
+).whenNotMatchedInsertAll().execute()
+table.history().collect()
+df = spark.read.format("delta").load(root + "/t")
+df.groupBy("ingest_date").agg(F.sum("amount")).join(df, "ingest_date").collect()
+spark.stop()
+"""
+
+
+def build_archive() -> Path:
+    """Run a small Spark + Delta workload with `-XX:ArchiveClassesAtExit`, then move the
+    archive into place (a half-written archive is never seen by a test JVM)."""
+    CDS_DIR.mkdir(parents=True, exist_ok=True)
+    EMPTY_CONF_DIR.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CDS_DIR) as work:
+        dumped = Path(work) / "spark-tests.jsa"
+        env = {
+            **os.environ,
+            "SPARK_CONF_DIR": str(EMPTY_CONF_DIR),
+            "PYSPARK_SUBMIT_ARGS": submit_args(
+                f"-XX:ArchiveClassesAtExit={dumped} -Xlog:cds=off,cds+dynamic=off"
+            ),
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        # Pipes, not DEVNULL: reading them to their end waits for the JVM too, which writes
+        # the archive as it exits, after the Python process has.
+        done = subprocess.run(
+            [sys.executable, "-c", WORKLOAD], env=env, cwd=REPO_ROOT, capture_output=True
+        )
+        if done.returncode or not dumped.exists():
+            raise SystemExit(
+                f"no class-data archive written (exit {done.returncode}):\n{done.stderr[-3000:]}"
+            )
+        dumped.replace(ARCHIVE)
+    return ARCHIVE
+
+
+if __name__ == "__main__":
+    print(f"class-data archive for the tests' JVMs: {build_archive()}")
