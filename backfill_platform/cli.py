@@ -12,6 +12,8 @@
     decommission  drop a shadow and VACUUM old files once the retention window has passed
     history       per-partition commit log: run, code version, operation, reason
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
+    stream        the live order stream into raw/orders: `catch-up` (every message available
+                  now, then stop) and `status` (offsets per partition, lag, the last batch)
 
 Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance
 (unset: the repository's .dagster_home, as the Makefile sets it). Dagster's and Spark's logs
@@ -70,8 +72,10 @@ from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, r
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
+from backfill_platform.operations.stream import catch_up, stream_status
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
+from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
 from backfill_platform.runner import (
@@ -99,6 +103,7 @@ REFUSALS = (
     SettingError,
     SparkJarsMissing,
     DeploymentError,
+    TopicUnavailable,
 )
 # Commands whose work runs on the deployment unless --in-process is given.
 DEPLOYED_COMMANDS = ("backfill", "shadow", "cutover", "stale")
@@ -208,6 +213,13 @@ def _parser() -> argparse.ArgumentParser:
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
     cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
+    cmd = command("stream", "the live order stream (BACKFILL_KAFKA_BOOTSTRAP)", ranged=False)
+    cmd.add_argument(
+        "action",
+        choices=("catch-up", "status"),
+        help="catch-up: every message available now into raw/orders, then stop; "
+        "status: offsets, lag and the last batch",
+    )
     return parser
 
 
@@ -530,6 +542,17 @@ def _stale(session: Session, args) -> Outcome:
     return (0 if runs.success else 1), payload, "\n".join(lines)
 
 
+def _stream(session: Session, args) -> Outcome:
+    """`stream catch-up` runs the stream until it has every message available now;
+    `stream status` reads the broker, raw/orders and the checkpoint."""
+    orders = orders_topic_from_settings()
+    if args.action == "catch-up":
+        report = catch_up(session.lake, orders)
+        return 0, report.to_dict(), report.describe()
+    status = stream_status(session.lake, orders)
+    return 0, status.to_dict(), status.describe()
+
+
 COMMANDS = {
     "backfill": _backfill,
     "retry": _retry,
@@ -542,6 +565,7 @@ COMMANDS = {
     "decommission": _decommission,
     "history": _history,
     "stale": _stale,
+    "stream": _stream,
 }
 
 
