@@ -101,7 +101,8 @@ def write_batch(
     """One micro-batch into raw/orders in one idempotent Delta append (skipped if Delta
     already holds `app_id`'s batch `batch_id`)."""
     started = time.monotonic()
-    rows = parse_messages(messages).persist()
+    # One file per ingest day per batch (the Kafka source reads one task per partition).
+    rows = parse_messages(messages).repartition("ingest_date").persist()
     try:
         stats = rows.groupBy("kafka_partition").agg(
             F.min("kafka_offset").alias("first"),

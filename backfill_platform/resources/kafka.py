@@ -21,6 +21,9 @@ from backfill_platform.settings import (
 )
 
 CLIENT_LOG = logging.getLogger("backfill_platform.kafka_client")
+# librdkafka's retries ("coordinator load in progress") are not for the terminal; a caller
+# that configures logging still sees them.
+CLIENT_LOG.addHandler(logging.NullHandler())
 
 
 class TopicUnavailable(RuntimeError):

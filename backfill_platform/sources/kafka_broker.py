@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -32,10 +31,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backfill_platform.resources.jars import KAFKA_BROKER_DIR
+from backfill_platform.resources.kafka import CLIENT_LOG
 from backfill_platform.resources.spark import spark_jars_dir
 from backfill_platform.sources.crm_process import free_port
 
-CLIENT_LOG = logging.getLogger("backfill_platform.kafka_client")
 PID_FILE = "broker.pid"
 LOG_FILE = "broker.log"
 START_TIMEOUT_SECONDS = 90

@@ -18,7 +18,6 @@ reproducible whenever it is sent. The clock may lie in the past: the broker acce
 from __future__ import annotations
 
 import argparse
-import logging
 import random
 import sys
 import time
@@ -27,10 +26,9 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaException, Producer
 
+from backfill_platform.resources.kafka import CLIENT_LOG
 from backfill_platform.settings import KAFKA_BOOTSTRAP, ORDERS_TOPIC, setting
 from backfill_platform.sources.generate import lateness_days, malformed_line, order_lines
-
-CLIENT_LOG = logging.getLogger("backfill_platform.kafka_client")
 
 
 @dataclass(frozen=True)
