@@ -10,7 +10,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
+from backfill_platform.checks.reconciliation import raw_vs_landing
 from backfill_platform.operations.stream import catch_up, stream_status
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import produce, shop_events
@@ -114,6 +116,11 @@ def test_landing_reingest_keeps_the_days_stream_rows(stream_platform, broker):
         landing = platform.rows("raw/orders", f"kafka_topic IS NULL AND ingest_date = '{day}'")
         assert sorted(r["line_number"] for r in landing) == [1, 2, 3]
         assert [r["reject_reason"] for r in landing if r["line_number"] == 3] == ["invalid_json"]
+    # raw/orders' blocking reconciliation compares the day's landing rows with its files.
+    outcome, _ = raw_vs_landing(
+        platform.resources["lakehouse"], platform.resources["landing"], DayRange(day, day)
+    )
+    assert not outcome.failed
 
 
 def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
