@@ -15,7 +15,7 @@ from backfill_platform.operations.stream import catch_up, stream_status
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.sources.kafka_broker import kafka_broker
-from backfill_platform.sources.producer import produce, shop_events
+from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.transforms.orders import latest_wins
 from backfill_platform_tests.harness import Platform, order_line
 
@@ -100,27 +100,62 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch)
     assert status.last_batch is not None and status.last_batch["rows"] == len(more)
 
 
-def test_landing_reingest_keeps_the_days_stream_rows(stream_platform, broker):
+def test_landing_and_stream_share_raw_and_staging(stream_platform, broker):
     """raw/orders' landing path replaces only landing rows of its ingest days: a re-ingest
-    of a day the stream also wrote leaves every stream row of that day in place."""
-    platform = stream_platform
-    if not platform.resources["lakehouse"].exists("raw/orders"):
-        produce(broker.bootstrap, TOPIC, shop_events(LAUNCH, 5, seed=4))
-        catch_up(platform.resources["lakehouse"], _orders(broker))
+    of a day the stream also wrote leaves every stream row of that day in place. Staging
+    counts an order that came both ways once: on one ingest day the message wins."""
+    platform, lake = stream_platform, stream_platform.resources["lakehouse"]
+    day = LAUNCH.date().isoformat()
+    at = "2024-01-10T08:00:00Z"
+    both = Message("both-1", order_line("both-1", at, status="paid"), LAUNCH, "version")
+    produce(broker.bootstrap, TOPIC, [both])
+    catch_up(lake, _orders(broker))
     stream_before = sorted(map(str, _stream_rows(platform)))
-    day = min(r["ingest_date"] for r in _stream_rows(platform)).isoformat()
-    platform.write_orders(day, [order_line("landing-1"), order_line("landing-2"), "not json"])
+    assert day in {r["ingest_date"].isoformat() for r in _stream_rows(platform)}
+    platform.write_orders(
+        day,
+        [
+            order_line("landing-1", at),
+            order_line("landing-2", at),
+            "not json",
+            order_line("both-1", at, status="placed"),  # same updated_at and ingest day
+        ],
+    )
     for _ in range(2):  # an ingest, then a re-ingest of the same day
         platform.materialize(day, selection=["raw/orders"])
         assert sorted(map(str, _stream_rows(platform))) == stream_before
         landing = platform.rows("raw/orders", f"kafka_topic IS NULL AND ingest_date = '{day}'")
-        assert sorted(r["line_number"] for r in landing) == [1, 2, 3]
+        assert sorted(r["line_number"] for r in landing) == [1, 2, 3, 4]
         assert [r["reject_reason"] for r in landing if r["line_number"] == 3] == ["invalid_json"]
     # raw/orders' blocking reconciliation compares the day's landing rows with its files.
-    outcome, _ = raw_vs_landing(
-        platform.resources["lakehouse"], platform.resources["landing"], DayRange(day, day)
-    )
+    outcome, _ = raw_vs_landing(lake, platform.resources["landing"], DayRange(day, day))
     assert not outcome.failed
+
+    for rate_day in ("2024-01-09", "2024-01-10"):
+        platform.write_rates(rate_day, {"EUR": "1.1", "GBP": "1.3", "JPY": "0.007", "CHF": "1.1"})
+    platform.materialize("2024-01-09", day, selection=["raw/fx_rates"])
+    platform.materialize(day, selection=["staging/orders", "staging/orders_rejects"])
+    staged = {r["order_id"]: r for r in platform.rows("staging/orders", f"event_date = '{day}'")}
+    assert staged["both-1"]["status"] == "paid" and staged["both-1"]["file_name"] is None
+    assert staged["both-1"]["raw_versions"] == 2
+    valid_ids = {
+        r["order_id"]
+        for r in platform.rows("raw/orders", f"event_date = '{day}' AND reject_reason IS NULL")
+    }
+    assert set(staged) == valid_ids and {"landing-1", "landing-2"} <= valid_ids
+    # Rejected messages keep their topic, partition and offset in place of file and line.
+    rejects = platform.rows("staging/orders_rejects", f"ingest_date = '{day}'")
+    raw_rejects = platform.rows(
+        "raw/orders", f"ingest_date = '{day}' AND reject_reason IS NOT NULL"
+    )
+
+    def where(rows):
+        return sorted(
+            str((r["kafka_partition"], r["kafka_offset"], r["line_number"])) for r in rows
+        )
+
+    assert where(rejects) == where(raw_rejects)
+    assert any(r["kafka_offset"] is not None for r in rejects)
 
 
 def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
