@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.resources.lakehouse import LakehouseResource
@@ -29,6 +31,7 @@ from backfill_platform.transforms.messages import parse_messages
 
 QUERY_NAME = "raw_orders_stream"
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
+STOP_GRACE_SECONDS = 90  # how long a stopping stream waits for its batch in flight
 
 
 def checkpoint_location(lake: LakehouseResource) -> str:
@@ -146,8 +149,51 @@ def write_batch(
 def catch_up(lake: LakehouseResource, orders: OrdersTopicResource) -> CatchUpReport:
     """Every message the topic holds now and raw does not, then stop (Spark's AvailableNow
     trigger: the offsets available at the start, in batches of `max_offsets_per_batch`)."""
-    spark = lake.session
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
+    clock = time.monotonic()
+    query = _start(lake, orders, report, {"availableNow": True})
+    query.awaitTermination()
+    report.seconds = time.monotonic() - clock
+    return report
+
+
+def run_stream(
+    lake: LakehouseResource,
+    orders: OrdersTopicResource,
+    stop: threading.Event,
+    trigger_seconds: float = 5.0,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> CatchUpReport:
+    """The stream until `stop` is set: a micro-batch every `trigger_seconds` while messages
+    arrive. Stopping between or inside a batch is safe: an unfinished batch is re-run over
+    the same offsets on the next start (and skipped by Delta if it had committed). A failed
+    query raises (its exception), so a supervisor sees it and starts it again."""
+    report = CatchUpReport(orders.topic, checkpoint_location(lake))
+    clock = time.monotonic()
+    query = _start(lake, orders, report, {"processingTime": f"{trigger_seconds} seconds"}, on_batch)
+    try:
+        while not stop.is_set() and query.isActive:
+            query.awaitTermination(1)
+        # Let a batch in flight commit rather than cancel it (cancelling is safe, the next
+        # start re-runs it, but wastes its work).
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            query.awaitTermination(0.5)
+    finally:
+        if query.isActive:
+            query.stop()
+    report.seconds = time.monotonic() - clock
+    return report
+
+
+def _start(
+    lake: LakehouseResource,
+    orders: OrdersTopicResource,
+    report: CatchUpReport,
+    trigger: dict[str, Any],
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> StreamingQuery:
+    """The query from the topic into raw/orders, batches recorded in `report`."""
     # The batch function needs the query's id, known once start() returns; a batch that
     # starts before waits for it.
     started = threading.Event()
@@ -155,27 +201,25 @@ def catch_up(lake: LakehouseResource, orders: OrdersTopicResource) -> CatchUpRep
 
     def each_batch(messages: DataFrame, batch_id: int) -> None:
         started.wait()
-        report.batches.append(
-            write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic)
-        )
+        batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic)
+        report.batches.append(batch)
+        if on_batch is not None:
+            on_batch(batch)
 
-    clock = time.monotonic()
     query = (
-        spark.readStream.format("kafka")
+        lake.session.readStream.format("kafka")
         .options(**orders.source_options())
         .load()
         .writeStream.queryName(QUERY_NAME)
         .option("checkpointLocation", report.checkpoint)
-        .trigger(availableNow=True)
+        .trigger(**trigger)
         .foreachBatch(each_batch)
         .start()
     )
     # Stable across restarts: the id is kept in the checkpoint.
     query_id["app_id"] = f"{QUERY_NAME}:{query.id}"
     started.set()
-    query.awaitTermination()
-    report.seconds = time.monotonic() - clock
-    return report
+    return query
 
 
 @dataclass(frozen=True)
