@@ -37,6 +37,7 @@ CRM_DATA = $(dir $(LANDING))crm
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
+.PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
 .PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
@@ -47,8 +48,10 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet --quiet -e ".[dev]"
 	touch $@
 
-# Delta's jars, fetched once through Maven so no run waits on the network afterwards.
-$(JARS): $(INSTALLED) build-support/delta-jars.pom.xml
+# Delta's jars, S3A's, Spark's Kafka source and the Kafka broker's (.spark-jars/kafka-broker),
+# fetched once through Maven so no run waits on the network afterwards.
+$(JARS): $(INSTALLED) build-support/delta-jars.pom.xml build-support/s3-jars.pom.xml \
+		build-support/kafka-spark.pom.xml build-support/kafka-broker.pom.xml
 	$(PY) -m backfill_platform.resources.jars --fetch-jars
 	touch $@
 
@@ -188,6 +191,36 @@ ui: install dagster-home
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
 		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
 		$(VENV)/bin/dagster dev -w workspace.yaml $(UI_ARGS)
+
+# The live order stream (docs/live-stream.md): a one-node Kafka broker (KRaft) on
+# BACKFILL_KAFKA_BOOTSTRAP (default 127.0.0.1:9092, controller on the next port), data and
+# log in KAFKA_DATA, the topic BACKFILL_ORDERS_TOPIC with KAFKA_PARTITIONS partitions.
+KAFKA_DATA ?= $(dir $(LANDING))kafka
+KAFKA_PARTITIONS ?= 4
+kafka-start: install
+	@$(PY) -m backfill_platform.sources.kafka_broker start --data $(KAFKA_DATA) \
+		--partitions $(KAFKA_PARTITIONS)
+
+kafka-stop: install
+	@$(PY) -m backfill_platform.sources.kafka_broker stop --data $(KAFKA_DATA)
+
+# The demo shop's events from the launch instant (the day after the demo's landing zone):
+# make produce STREAM_ORDERS=500 STREAM_RATE=50 (messages/s; 0 unpaced), STREAM_FIRST=500
+# to continue after an earlier run.
+STREAM_LAUNCH ?= $(shell date -u -d "$(DEMO_END) + 1 day" +%Y-%m-%dT00:00:00Z)
+STREAM_ORDERS ?= 200
+STREAM_FIRST ?= 0
+STREAM_RATE ?= 0
+produce: install
+	@$(PY) -m backfill_platform.sources.producer --launch $(STREAM_LAUNCH) \
+		--orders $(STREAM_ORDERS) --first-order $(STREAM_FIRST) --rate $(STREAM_RATE) \
+		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
+
+stream-catch-up: install
+	@$(VENV)/bin/backfill-platform stream catch-up
+
+stream-status: install
+	@$(VENV)/bin/backfill-platform stream status
 
 # The UI tour's screenshots (docs/tour.md) from the last `make e2e` browser journey.
 tour:

@@ -12,6 +12,9 @@
     decommission  drop a shadow and VACUUM old files once the retention window has passed
     history       per-partition commit log: run, code version, operation, reason
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
+    stream        the live order stream into raw/orders: `catch-up` (every message available
+                  now, then stop), `run` (until SIGTERM), `start` / `stop` (`run` detached),
+                  `status` (offsets per partition, lag, the last batch, the process)
 
 Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance
 (unset: the repository's .dagster_home, as the Makefile sets it). Dagster's and Spark's logs
@@ -32,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import cached_property
@@ -70,8 +75,11 @@ from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, r
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
+from backfill_platform.operations.stream import catch_up, run_stream, stream_status
+from backfill_platform.operations.stream_process import StreamProcess, StreamProcessError
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
+from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
 from backfill_platform.runner import (
@@ -99,6 +107,8 @@ REFUSALS = (
     SettingError,
     SparkJarsMissing,
     DeploymentError,
+    TopicUnavailable,
+    StreamProcessError,
 )
 # Commands whose work runs on the deployment unless --in-process is given.
 DEPLOYED_COMMANDS = ("backfill", "shadow", "cutover", "stale")
@@ -208,6 +218,20 @@ def _parser() -> argparse.ArgumentParser:
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
     cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
+    cmd = command("stream", "the live order stream (BACKFILL_KAFKA_BOOTSTRAP)", ranged=False)
+    cmd.add_argument(
+        "action",
+        choices=("catch-up", "run", "start", "stop", "status"),
+        help="catch-up: every message available now into raw/orders, then stop; run: the "
+        "stream until SIGTERM or Ctrl-C; start/stop: run as a detached process; "
+        "status: offsets, lag, the last batch and the process",
+    )
+    cmd.add_argument(
+        "--trigger-seconds",
+        type=float,
+        default=5.0,
+        help="run/start: a micro-batch at most this often while messages arrive",
+    )
     return parser
 
 
@@ -530,6 +554,44 @@ def _stale(session: Session, args) -> Outcome:
     return (0 if runs.success else 1), payload, "\n".join(lines)
 
 
+def _stream(session: Session, args) -> Outcome:
+    """`stream catch-up` runs the stream until it has every message available now;
+    `stream status` reads the broker, raw/orders and the checkpoint."""
+    orders = orders_topic_from_settings()
+    process = StreamProcess(dagster_home() / "stream")
+    if args.action == "catch-up":
+        report = catch_up(session.lake, orders)
+        return 0, report.to_dict(), report.describe()
+    if args.action == "run":
+        return _run_stream(session, orders, args.trigger_seconds)
+    if args.action == "start":
+        pid = process.start(args.trigger_seconds)
+        text = f"stream started (pid {pid}), output in {shown(process.log)}; stream stop ends it"
+        return 0, {"pid": pid, "log": str(process.log)}, text
+    if args.action == "stop":
+        pid = process.stop()
+        text = f"stream (pid {pid}) stopped" if pid else "no stream process running"
+        return 0, {"stopped": pid}, text
+    status = stream_status(session.lake, orders)
+    pid = process.pid()
+    running = f"process: running (pid {pid})" if pid else "process: not running"
+    return 0, status.to_dict() | {"pid": pid}, f"{status.describe()}\n  {running}"
+
+
+def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
+    """The stream in this process until SIGTERM or Ctrl-C; one line per batch as it commits."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def show(batch) -> None:
+        print(batch.describe(), flush=True)
+
+    print(f"streaming {orders.topic} from {orders.bootstrap_servers} into raw/orders", flush=True)
+    report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show)
+    return 0, report.to_dict(), f"stream stopped after {len(report.batches)} batch(es)"
+
+
 COMMANDS = {
     "backfill": _backfill,
     "retry": _retry,
@@ -542,6 +604,7 @@ COMMANDS = {
     "decommission": _decommission,
     "history": _history,
     "stale": _stale,
+    "stream": _stream,
 }
 
 

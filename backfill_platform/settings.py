@@ -61,6 +61,11 @@ PG_PORT = EnvVar("DAGSTER_PG_PORT")
 PG_USERNAME = EnvVar("DAGSTER_PG_USERNAME")
 PG_PASSWORD = EnvVar("DAGSTER_PG_PASSWORD")
 PG_DB = EnvVar("DAGSTER_PG_DB")
+# The live order stream (contract 1.4, docs/live-stream.md): broker and topic.
+KAFKA_BOOTSTRAP = EnvVar("BACKFILL_KAFKA_BOOTSTRAP")
+ORDERS_TOPIC = EnvVar("BACKFILL_ORDERS_TOPIC")
+# Most messages one stream micro-batch takes (Spark's maxOffsetsPerTrigger).
+STREAM_MAX_OFFSETS = EnvVar("BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -106,6 +111,9 @@ DEFAULTS: dict[str, str] = {
     "DAGSTER_PG_USERNAME": "",
     "DAGSTER_PG_DB": "",
     "DAGSTER_URL": "http://127.0.0.1:3000",
+    "BACKFILL_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+    "BACKFILL_ORDERS_TOPIC": "orders",
+    "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH": "100000",
 }
 
 

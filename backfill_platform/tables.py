@@ -30,6 +30,10 @@ class Table:
     # fetch day, or unpartitioned); sizes per partition do not apply, commits still stamp
     # the event days a run covered (partition_start/partition_end).
     day_partitioned: bool = True
+    # When a second writer shares the table's partitions: (column, SQL predicate) of the
+    # rows the partitioned write path owns, and so replaces; the others are never touched
+    # by it. Applied where the column exists (a table written before it holds only owned rows).
+    owned_rows: tuple[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -39,6 +43,12 @@ class Table:
     @property
     def layer(self) -> str:
         return self.key.path[0]
+
+    def owned_predicate(self, columns: Iterable[str]) -> str | None:
+        """`owned_rows`' predicate when the table's `columns` hold its column, else None."""
+        if self.owned_rows is None or self.owned_rows[0] not in set(columns):
+            return None
+        return self.owned_rows[1]
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -57,12 +67,22 @@ CUSTOMER_LTV = AssetKey(["marts", "customer_ltv"])
 RAW_CRM_HISTORY = AssetKey(["raw", "crm_customer_history"])
 STAGING_CUSTOMERS = AssetKey(["staging", "customers"])
 FCT_REVENUE_BY_SEGMENT = AssetKey(["marts", "fct_revenue_by_segment"])
+# Set on raw/orders rows from the stream, NULL on landing lines (transforms/messages.py).
+RAW_ORDERS_STREAM_COLUMN = "kafka_topic"
 
 TABLES: tuple[Table, ...] = (
-    Table(RAW_ORDERS, "ingest_date", ("file_name", "line_number"), "raw-orders-1"),
+    # Landing lines (no Kafka topic) are replaced per ingest day by the landing path; the
+    # stream's messages (contract 1.4) are appended beside them, exactly once per offset.
+    Table(
+        RAW_ORDERS,
+        "ingest_date",
+        ("file_name", "line_number"),
+        "raw-orders-2",
+        owned_rows=(RAW_ORDERS_STREAM_COLUMN, f"`{RAW_ORDERS_STREAM_COLUMN}` IS NULL"),
+    ),
     Table(RAW_FX_RATES, "rate_date", ("file_name", "line_number"), "raw-fx-1"),
-    Table(STAGING_ORDERS, "event_date", ("order_id",), "staging-orders-1", ("amount",)),
-    Table(STAGING_REJECTS, "ingest_date", ("file_name", "line_number"), "staging-orders-1"),
+    Table(STAGING_ORDERS, "event_date", ("order_id",), "staging-orders-2", ("amount",)),
+    Table(STAGING_REJECTS, "ingest_date", ("file_name", "line_number"), "staging-orders-2"),
     Table(
         FCT_DAILY_REVENUE,
         "event_date",

@@ -50,18 +50,21 @@ def held_rows(
 ) -> dict[tuple[date, str], int]:
     """Rows raw holds per (day, file) in [start, end); empty for days never ingested.
 
-    Asked before the delivery is parsed: a first ingest holds nothing, so it needs no
-    comparison, and the parse can stream into the write without being cached.
+    Only the rows the landing path owns count (raw/orders: not the stream's messages,
+    which a re-ingest keeps). Asked before the delivery is parsed: a first ingest holds
+    nothing, so it needs no comparison, and the parse can stream into the write without
+    being cached.
     """
     if not lake.exists(key):
         return {}
     day_column = table(key).partition_column
+    rows = lake.read_partitions(key, start, end)
+    owned = table(key).owned_predicate(rows.columns)
+    if owned:
+        rows = rows.where(owned)
     return {
         (r[day_column], r["file_name"]): r["count"]
-        for r in lake.read_partitions(key, start, end)
-        .groupBy(day_column, "file_name")
-        .count()
-        .collect()
+        for r in rows.groupBy(day_column, "file_name").count().collect()
     }
 
 

@@ -27,7 +27,7 @@ from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS, table
 from backfill_platform.transforms.fx import fx_problems, parse_rates
 from backfill_platform.transforms.lines import read_lines
-from backfill_platform.transforms.orders import parse_orders
+from backfill_platform.transforms.orders import null_kafka_columns, parse_orders
 
 
 @asset(
@@ -49,7 +49,8 @@ def raw_orders(
 ) -> ObservedFrame:
     """Order lines of the run's ingest days, with parsed fields and a reject reason.
 
-    Refuses to replace raw by fewer lines than it holds (see assets/preservation.py). The
+    Replaces only landing lines: the stream's rows of the same ingest days stay (tables.py,
+    `owned_rows`). Refuses to replace raw by fewer lines than it holds (assets/preservation.py). The
     row counts of the metadata are taken inside the write (`ObservedFrame`): a first
     ingest reads and parses the delivery once, straight into the Delta files; only a
     re-ingest, which the guard compares first, caches the parsed rows.
@@ -62,6 +63,7 @@ def raw_orders(
         parse_orders(lines)
         .withColumnRenamed("day", "ingest_date")
         .withColumn("_loaded_at", F.current_timestamp())
+        .withColumns(null_kafka_columns())
     )
     if held:
         every_line = every_line.persist(StorageLevel.MEMORY_AND_DISK)

@@ -31,7 +31,12 @@ from backfill_platform.tables import (
     table,
 )
 from backfill_platform.transforms.fx import known_currencies
-from backfill_platform.transforms.orders import latest_wins, with_unknown_currency
+from backfill_platform.transforms.orders import (
+    KAFKA_COLUMNS,
+    latest_wins,
+    null_kafka_columns,
+    with_unknown_currency,
+)
 
 # Event day D is built from raw ingest days D .. D+N (late arrivals). Which currencies are
 # known (contract 1.1) is the unpartitioned reference node, not every raw/fx_rates day: an
@@ -89,7 +94,9 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
 
 
 def staging_rejects(rejected: DataFrame) -> DataFrame:
-    return rejected.select(
+    """A rejected line with its file and line number, or a rejected message with its topic,
+    partition and offset instead (contract 1.4)."""
+    return rejected.withColumns(null_kafka_columns(rejected.columns)).select(
         "ingest_date",
         "file_name",
         "line_number",
@@ -98,4 +105,5 @@ def staging_rejects(rejected: DataFrame) -> DataFrame:
         F.col("reject_reason").alias("reason"),
         "_source_path",
         F.current_timestamp().alias("_loaded_at"),
+        *KAFKA_COLUMNS,
     )

@@ -3,9 +3,11 @@
     python -m backfill_platform.resources.jars --fetch-jars   # `make jars` runs this
     python -m backfill_platform.resources.jars --check        # start Spark, write a Delta table
 
-Three sets, all in `.spark-jars/`: Delta Lake; S3A (hadoop-aws and the AWS SDK modules it
-loads), for lakehouses and landing zones on `s3a://`; and the project's commit log store for
-S3 (`build-support/s3-log-store`, compiled here with the JDK against those jars).
+Four sets in `.spark-jars/`: Delta Lake; S3A (hadoop-aws and the AWS SDK modules it
+loads), for lakehouses and landing zones on `s3a://`; the project's commit log store for
+S3 (`build-support/s3-log-store`, compiled here with the JDK against those jars); and Spark's
+Kafka source for the live stream. The Kafka broker's own jars (demo and tests) go to
+`.spark-jars/kafka-broker/`, off the session's classpath (`sources/kafka_broker.py`).
 
 Kept apart from the session resource: this is a build step (Maven, javac, a temporary
 directory, a command line); `resources/spark.py` only looks the fetched jars up.
@@ -33,6 +35,8 @@ from backfill_platform.resources.spark import (
 BUILD_SUPPORT = REPO_ROOT / "build-support"
 DELTA_JARS_POM = BUILD_SUPPORT / "delta-jars.pom.xml"
 S3_JARS_POM = BUILD_SUPPORT / "s3-jars.pom.xml"
+KAFKA_SPARK_POM = BUILD_SUPPORT / "kafka-spark.pom.xml"
+KAFKA_BROKER_POM = BUILD_SUPPORT / "kafka-broker.pom.xml"
 LOG_STORE_SOURCES = BUILD_SUPPORT / "s3-log-store" / "src"
 # Only these groups are kept: everything else they depend on ships with pyspark, and a
 # second copy of Jackson, Netty or Parquet on the classpath breaks Spark.
@@ -41,10 +45,16 @@ S3_GROUPS = (
     "org.apache.hadoop,software.amazon.awssdk,software.amazon.eventstream,"
     "software.amazon.s3.analyticsaccelerator,org.reactivestreams"
 )
+# Spark's Kafka connector: the rest of its dependencies (Hadoop, Scala, codecs) ship with pyspark.
+KAFKA_SPARK_ARTIFACTS = (
+    "spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2"
+)
+KAFKA_BROKER_DIR = "kafka-broker"
 
 
-def _maven_copy(pom: Path, groups: str, target: Path) -> None:
-    """Resolve `pom` through Maven (which honours the machine's Maven settings)."""
+def _maven_copy(pom: Path, groups: str, target: Path, artifacts: str = "") -> None:
+    """Resolve `pom` through Maven (which honours the machine's Maven settings); keep the
+    jars of `groups` (all groups when empty), and of `artifacts` when given."""
     with tempfile.TemporaryDirectory() as tmp:
         # Maven's output only on failure: quiet as it is, it still writes ANSI resets.
         fetched = subprocess.run(
@@ -56,7 +66,8 @@ def _maven_copy(pom: Path, groups: str, target: Path) -> None:
                 str(pom),
                 "dependency:copy-dependencies",
                 "-DincludeScope=runtime",
-                f"-DincludeGroupIds={groups}",
+                *([f"-DincludeGroupIds={groups}"] if groups else []),
+                *([f"-DincludeArtifactIds={artifacts}"] if artifacts else []),
                 f"-DoutputDirectory={tmp}",
             ],
             capture_output=True,
@@ -95,6 +106,10 @@ def fetch_jars(target: Path | None = None) -> list[Path]:
         _maven_copy(DELTA_JARS_POM, DELTA_GROUPS, target)
     if not any(target.glob("hadoop-aws-*.jar")):
         _maven_copy(S3_JARS_POM, S3_GROUPS, target)
+    if not any(target.glob("spark-sql-kafka-*.jar")):
+        _maven_copy(KAFKA_SPARK_POM, "", target, KAFKA_SPARK_ARTIFACTS)
+    if not any((target / KAFKA_BROKER_DIR).glob("kafka_2.13-*.jar")):
+        _maven_copy(KAFKA_BROKER_POM, "", target / KAFKA_BROKER_DIR)
     sources = list(LOG_STORE_SOURCES.rglob("*.java"))
     jar = target / LOG_STORE_JAR
     if not jar.exists() or jar.stat().st_mtime < max(p.stat().st_mtime for p in sources):

@@ -286,6 +286,8 @@ class LakehouseResource(ConfigurableResource):
 
         Delta checks every written row against the replaceWhere predicate and aborts the
         commit if one falls outside it, so out-of-range rows leave the table untouched.
+        A table shared with a second writer (`Table.owned_rows`: raw/orders' stream rows)
+        has only this path's own rows of the range replaced, and refuses any other row.
         New columns are added; a dropped or retyped column is refused before writing.
         """
         name = _name(key)
@@ -301,16 +303,21 @@ class LakehouseResource(ConfigurableResource):
         }
         if self.storage_name(key) != name:
             metadata["shadow_table"] = self.storage_name(key)
-        predicate = _range_predicate(column=partition_column, start=start, end=end)
+        in_range = _range_predicate(column=partition_column, start=start, end=end)
         refused = TableWriteError(
             f"{name}: refused rows outside the run's partition range [{start}, {end}) on "
-            f"column {partition_column} (or with a NULL {partition_column}); the table is "
-            "unchanged."
+            f"column {partition_column} (or with a NULL {partition_column}"
+            + (", or rows this write path does not own" if name in _OWNED else "")
+            + "); the table is unchanged."
         )
 
         def attempt() -> CommitInfo:
             with self.table_lock(key):
                 exists = self.exists(key)
+                owned = _OWNED.get(name) and table(name).owned_predicate(
+                    (self.read(key) if exists else df).columns
+                )
+                predicate = f"{in_range} AND {owned}" if owned else in_range
                 data = df if exists else _refuse_rows_outside(df, partition_column, predicate)
                 adds_columns = exists and self._check_schema(name, data)
                 # One file per date partition per write keeps the file count bounded over
@@ -360,6 +367,42 @@ class LakehouseResource(ConfigurableResource):
         """Add rows in one commit, replacing nothing (raw/crm_customer_history keeps every
         answer: concurrent runs never lose each other's). Returns the new version."""
         return self._write(key, df, "append", partition_column, user_metadata)
+
+    def append_once(
+        self,
+        key: AssetKey | str,
+        df: DataFrame,
+        partition_column: str,
+        app_id: str,
+        app_version: int,
+        user_metadata: Mapping[str, Any],
+    ) -> CommitInfo | None:
+        """Append `df` in one commit unless `app_id` already committed `app_version` or a
+        later one (Delta's idempotent writes, `txnAppId`/`txnVersion`): a replayed stream
+        batch is skipped, however the writer died. Returns the commit; None when skipped.
+        """
+        name = _name(key)
+        token = uuid.uuid4().hex
+        metadata = {**user_metadata, "table": name, "write_mode": "append", "commit_token": token}
+
+        def attempt() -> CommitInfo | None:
+            with self.table_lock(key):
+                exists = self.exists(key)
+                writer = (
+                    df.write.format("delta")
+                    .mode("append")
+                    .option("txnAppId", app_id)
+                    .option("txnVersion", str(app_version))
+                    .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
+                )
+                if exists and self._check_schema(name, df):
+                    writer = writer.option("mergeSchema", "true")
+                if not exists:
+                    writer = writer.partitionBy(partition_column)
+                writer.save(self.table_path(key))
+                return self._find_commit(key, token, missing_ok=True)
+
+        return self._retrying_conflicts(name, f"append {app_id}@{app_version}", attempt)
 
     def overwrite(
         self, key: AssetKey | str, df: DataFrame, user_metadata: Mapping[str, Any]
@@ -612,8 +655,9 @@ class LakehouseResource(ConfigurableResource):
             )
         return bool(set(incoming) - set(current))
 
-    def _find_commit(self, key: AssetKey | str, token: str) -> CommitInfo:
-        """Our commit is the one carrying our token.
+    def _find_commit(self, key: AssetKey | str, token: str, missing_ok: bool = False):
+        """Our commit is the one carrying our token (None if absent and `missing_ok`: an
+        idempotent append Delta skipped).
 
         Called under the table lock, so it is the newest commit unless a writer ignored the
         lock: read one history entry first, fifty only if that misses (no measurable gain at
@@ -633,6 +677,8 @@ class LakehouseResource(ConfigurableResource):
                         rows_removed=int(metrics.get("numDeletedRows", 0)),
                         user_metadata=meta,
                     )
+        if missing_ok:
+            return None
         raise CommitLost(
             f"{_name(key)}: Delta reported the write as committed, but commit {token} is not "
             "in the table's history: another writer replaced that version. The log store "
@@ -708,6 +754,8 @@ CONCURRENT_WRITE_CONFLICTS = (
     ConcurrentTransactionException,
 )
 _T = TypeVar("_T")
+# Tables whose partitioned write path shares partitions with another writer (tables.py).
+_OWNED = {t.name: t for t in TABLES if t.owned_rows}
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 

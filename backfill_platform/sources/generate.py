@@ -177,6 +177,27 @@ def _malformed(rng: random.Random, day: date, n: int) -> tuple[str, str]:
     return kind, json.dumps(record)
 
 
+def order_lines(
+    rng: random.Random, order_id: str, event_at: datetime, pool: int
+) -> list[tuple[datetime, str]]:
+    """The versions of one order as (updated_at instant, landing line): the record format
+    both sources share (the landing files here, the stream's messages in `producer.py`)."""
+    return [
+        (updated, _dumps(record))
+        for updated, record in _order_versions(rng, order_id, event_at, pool)
+    ]
+
+
+def malformed_line(rng: random.Random, day: date, n: int) -> tuple[str, str]:
+    """(kind, text) of a line that breaks contract 1.1 in one of `MALFORMED_KINDS`' ways."""
+    return _malformed(rng, day, n)
+
+
+def lateness_days(rng: random.Random) -> int:
+    """Days a version arrives after it was made: mostly 0, a few 1-3, rarely up to 10."""
+    return _lateness(rng)
+
+
 @dataclass
 class _FxWalk:
     """The FX random walk's state: today's levels and the last day a file was written."""

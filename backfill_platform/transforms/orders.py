@@ -19,6 +19,16 @@ AMOUNT_TYPE = "decimal(18,2)"
 UNKNOWN_CURRENCY = "unknown_currency"
 
 
+# raw/orders' columns for a message's coordinates (contract 1.4, transforms/messages.py);
+# NULL on every landing line, so a row with a `kafka_topic` is a stream row (tables.py: the
+# landing path replaces only the others).
+KAFKA_COLUMNS = {
+    "kafka_topic": "string",
+    "kafka_partition": "int",
+    "kafka_offset": "bigint",
+    "kafka_timestamp": "timestamp",
+}
+
 FIELDS = (*REQUIRED_FIELDS, "customer_id")
 # A JSON text that parsed is an object iff its first non-whitespace character is "{"
 # (RFC 8259); schema_of_variant would walk the whole document to name its type.
@@ -113,6 +123,15 @@ def parse_orders(lines: DataFrame) -> DataFrame:
     )
 
 
+def null_kafka_columns(present: list[str] | None = None) -> dict[str, Column]:
+    """The Kafka columns of landing lines, all NULL (those not in `present`, if given)."""
+    return {
+        name: F.lit(None).cast(kind)
+        for name, kind in KAFKA_COLUMNS.items()
+        if name not in (present or ())
+    }
+
+
 def with_unknown_currency(raw: DataFrame, known_currencies: list[str]) -> DataFrame:
     """Marks otherwise valid rows whose currency has no rate anywhere (contract 1.1)."""
     unknown = F.col("reject_reason").isNull() & ~F.col("currency").isin(*known_currencies)
@@ -123,14 +142,22 @@ def with_unknown_currency(raw: DataFrame, known_currencies: list[str]) -> DataFr
 
 def latest_wins(valid: DataFrame) -> DataFrame:
     """One row per order_id: the version with the greatest updated_at, ties broken by the
-    latest arrival (ingest_date, then file name, then line number), as contract 1.1 says.
+    latest arrival: greatest ingest_date; on one ingest_date a stream message before a
+    landing line; between messages greatest broker timestamp, partition, offset; between
+    landing lines greatest file name, then line number (contract 1.1 and 1.4).
 
     max(struct) compares field by field, so this is one hash aggregation with partial
-    (map-side) aggregation rather than a sort of every version.
+    (map-side) aggregation rather than a sort of every version. Landing lines' Kafka
+    columns are all NULL, so they compare equal there and the file name decides.
     """
+    valid = valid.withColumns(null_kafka_columns(valid.columns))
     version = F.struct(
         "updated_at",
         "ingest_date",
+        F.col("kafka_topic").isNotNull().alias("is_message"),
+        "kafka_timestamp",
+        "kafka_partition",
+        "kafka_offset",
         "file_name",
         "line_number",
         "order_id",

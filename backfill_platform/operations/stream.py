@@ -1,0 +1,343 @@
+"""The live stream into raw/orders (contract 1.4): Spark Structured Streaming from the order
+topic, every message in raw exactly once, however often the stream stops or replays.
+
+Exactly once is two mechanisms, both Spark's and Delta's own: the query's checkpoint
+(`<lakehouse>/_checkpoints/raw_orders_stream`) records which offsets each micro-batch
+covers before it runs, so a restarted query re-runs an unfinished batch over the very same
+offsets; and each batch is appended with Delta's idempotent-write options (`txnAppId` = the
+query's id, `txnVersion` = the batch id), so a batch that committed to Delta before the
+process died is skipped when it is re-run. The stream appends: it never replaces rows, and
+the landing path's replace covers only landing rows (tables.py `owned_rows`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.resources.storage import join, list_dir
+from backfill_platform.tables import RAW_ORDERS, RAW_ORDERS_STREAM_COLUMN, table
+from backfill_platform.transforms.messages import parse_messages
+
+QUERY_NAME = "raw_orders_stream"
+STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
+STOP_GRACE_SECONDS = 90  # how long a stopping stream waits for its batch in flight
+
+
+def checkpoint_location(lake: LakehouseResource) -> str:
+    """One checkpoint per query, beside the tables under the lakehouse root."""
+    return join(lake.root_dir, "_checkpoints", QUERY_NAME)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch_id: int
+    rows: int
+    rejects: int
+    offsets: dict[int, tuple[int, int]]  # partition -> (first, last) offset of the batch
+    ingest_dates: list[str]
+    delta_version: int | None  # None: Delta already held this batch (a replay), skipped
+    seconds: float
+
+    def describe(self) -> str:
+        spans = ", ".join(f"p{p} {lo}..{hi}" for p, (lo, hi) in sorted(self.offsets.items()))
+        done = (
+            f"Delta v{self.delta_version}"
+            if self.delta_version is not None
+            else "already in raw (replay skipped)"
+        )
+        return (
+            f"batch {self.batch_id}: {self.rows} rows, {self.rejects} rejects, "
+            f"offsets {spans or '-'}, ingest days {','.join(self.ingest_dates) or '-'}: "
+            f"{done} ({self.seconds:.1f} s)"
+        )
+
+
+@dataclass
+class CatchUpReport:
+    topic: str
+    checkpoint: str
+    batches: list[BatchReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches if b.delta_version is not None)
+
+    @property
+    def rejects(self) -> int:
+        return sum(b.rejects for b in self.batches if b.delta_version is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "checkpoint": self.checkpoint,
+            "batches": [asdict(b) for b in self.batches],
+            "rows": self.rows,
+            "rejects": self.rejects,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def describe(self) -> str:
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        head = (
+            f"caught up with {self.topic}: {len(self.batches)} batch(es), {self.rows} rows "
+            f"({self.rejects} rejects) into raw/orders in {self.seconds:.1f} s "
+            f"({rate:,.0f} rows/s); checkpoint {self.checkpoint}"
+        )
+        return "\n".join([head, *(f"  {b.describe()}" for b in self.batches)])
+
+
+def write_batch(
+    lake: LakehouseResource, messages: DataFrame, batch_id: int, app_id: str, topic: str
+) -> BatchReport:
+    """One micro-batch into raw/orders in one idempotent Delta append (skipped if Delta
+    already holds `app_id`'s batch `batch_id`)."""
+    started = time.monotonic()
+    # One file per ingest day per batch (the Kafka source reads one task per partition).
+    rows = parse_messages(messages).repartition("ingest_date").persist()
+    try:
+        stats = rows.groupBy("kafka_partition").agg(
+            F.min("kafka_offset").alias("first"),
+            F.max("kafka_offset").alias("last"),
+            F.count(F.lit(1)).alias("rows"),
+            F.count("reject_reason").alias("rejects"),
+            F.collect_set(F.col("ingest_date").cast("string")).alias("days"),
+        )
+        per_partition = stats.collect()
+        offsets = {r["kafka_partition"]: (r["first"], r["last"]) for r in per_partition}
+        days = sorted({d for r in per_partition for d in r["days"]})
+        count = sum(r["rows"] for r in per_partition)
+        rejects = sum(r["rejects"] for r in per_partition)
+        version = None
+        if count:
+            commit = lake.append_once(
+                RAW_ORDERS,
+                rows,
+                table(RAW_ORDERS).partition_column,
+                app_id,
+                batch_id,
+                user_metadata={
+                    "writer": STREAM_WRITER,
+                    "asset_key": RAW_ORDERS.to_user_string(),
+                    "code_version": table(RAW_ORDERS).code_version,
+                    "stream_app_id": app_id,
+                    "batch_id": batch_id,
+                    "topic": topic,
+                    "offsets": {str(p): list(span) for p, span in sorted(offsets.items())},
+                    "rows": count,
+                    "rejects": rejects,
+                    "ingest_dates": days,
+                },
+            )
+            version = commit.version if commit else None
+    finally:
+        rows.unpersist()
+    return BatchReport(batch_id, count, rejects, offsets, days, version, time.monotonic() - started)
+
+
+def catch_up(lake: LakehouseResource, orders: OrdersTopicResource) -> CatchUpReport:
+    """Every message the topic holds now and raw does not, then stop (Spark's AvailableNow
+    trigger: the offsets available at the start, in batches of `max_offsets_per_batch`)."""
+    report = CatchUpReport(orders.topic, checkpoint_location(lake))
+    clock = time.monotonic()
+    query = _start(lake, orders, report, {"availableNow": True})
+    query.awaitTermination()
+    report.seconds = time.monotonic() - clock
+    return report
+
+
+def run_stream(
+    lake: LakehouseResource,
+    orders: OrdersTopicResource,
+    stop: threading.Event,
+    trigger_seconds: float = 5.0,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> CatchUpReport:
+    """The stream until `stop` is set: a micro-batch every `trigger_seconds` while messages
+    arrive. Stopping between or inside a batch is safe: an unfinished batch is re-run over
+    the same offsets on the next start (and skipped by Delta if it had committed). A failed
+    query raises (its exception), so a supervisor sees it and starts it again."""
+    report = CatchUpReport(orders.topic, checkpoint_location(lake))
+    clock = time.monotonic()
+    query = _start(lake, orders, report, {"processingTime": f"{trigger_seconds} seconds"}, on_batch)
+    try:
+        while not stop.is_set() and query.isActive:
+            query.awaitTermination(1)
+        # Let a batch in flight commit rather than cancel it (cancelling is safe, the next
+        # start re-runs it, but wastes its work).
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            query.awaitTermination(0.5)
+    finally:
+        if query.isActive:
+            query.stop()
+    report.seconds = time.monotonic() - clock
+    return report
+
+
+def _start(
+    lake: LakehouseResource,
+    orders: OrdersTopicResource,
+    report: CatchUpReport,
+    trigger: dict[str, Any],
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> StreamingQuery:
+    """The query from the topic into raw/orders, batches recorded in `report`."""
+    # The batch function needs the query's id, known once start() returns; a batch that
+    # starts before waits for it.
+    started = threading.Event()
+    query_id: dict[str, str] = {}
+
+    def each_batch(messages: DataFrame, batch_id: int) -> None:
+        started.wait()
+        batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic)
+        report.batches.append(batch)
+        if on_batch is not None:
+            on_batch(batch)
+
+    query = (
+        lake.session.readStream.format("kafka")
+        .options(**orders.source_options())
+        .load()
+        .writeStream.queryName(QUERY_NAME)
+        .option("checkpointLocation", report.checkpoint)
+        .trigger(**trigger)
+        .foreachBatch(each_batch)
+        .start()
+    )
+    # Stable across restarts: the id is kept in the checkpoint.
+    query_id["app_id"] = f"{QUERY_NAME}:{query.id}"
+    started.set()
+    return query
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: int
+    earliest: int  # the broker's earliest retained offset
+    end: int  # the broker's next offset to be written
+    in_raw_next: int  # one past the greatest offset raw holds (0: none)
+    rows_in_raw: int
+    copies_in_raw: int  # rows beyond one per offset: 0 when exactly once holds
+    checkpoint_next: int | None  # the checkpoint's committed position
+
+    @property
+    def lag(self) -> int:
+        return self.end - self.in_raw_next
+
+
+@dataclass
+class StreamStatus:
+    topic: str
+    partitions: list[PartitionStatus]
+    checkpoint_batch: int | None
+    last_batch: dict[str, Any] | None
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "lag": self.lag,
+            "partitions": [asdict(p) | {"lag": p.lag} for p in self.partitions],
+            "checkpoint_batch": self.checkpoint_batch,
+            "last_batch": self.last_batch,
+        }
+
+    def describe(self) -> str:
+        lines = [f"{self.topic}: lag {self.lag} message(s) behind the broker"]
+        lines += [
+            f"  p{p.partition}: broker {p.earliest}..{p.end}, raw up to {p.in_raw_next} "
+            f"({p.rows_in_raw} rows, {p.copies_in_raw} extra copies), checkpoint "
+            f"{'-' if p.checkpoint_next is None else p.checkpoint_next}, lag {p.lag}"
+            for p in self.partitions
+        ]
+        last = self.last_batch
+        lines.append(
+            "  last batch: "
+            + (
+                f"{last['batch_id']} at {last['timestamp']} (Delta v{last['version']}, "
+                f"{last['rows']} rows, {last['rejects']} rejects)"
+                if last
+                else "none yet"
+            )
+        )
+        return "\n".join(lines)
+
+
+def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> StreamStatus:
+    """Per partition: the broker's offsets, what raw/orders holds, the checkpoint's
+    position, and the lag (broker end - raw's next); the stream's last committed batch."""
+    broker = orders.end_offsets()
+    held: dict[int, Any] = {}
+    last = None
+    if lake.exists(RAW_ORDERS):
+        raw = lake.read(RAW_ORDERS)
+        if RAW_ORDERS_STREAM_COLUMN in raw.columns:
+            held = {
+                r["kafka_partition"]: r
+                for r in raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == orders.topic)
+                .groupBy("kafka_partition")
+                .agg(
+                    F.max("kafka_offset").alias("last"),
+                    F.count(F.lit(1)).alias("rows"),
+                    F.count_distinct("kafka_offset").alias("offsets"),
+                )
+                .collect()
+            }
+        for entry in lake.history(RAW_ORDERS):
+            meta = entry["metadata"]
+            if meta.get("writer") == STREAM_WRITER and meta.get("topic") == orders.topic:
+                last = {
+                    "batch_id": meta["batch_id"],
+                    "version": entry["version"],
+                    "timestamp": str(entry["timestamp"]),
+                    "rows": meta["rows"],
+                    "rejects": meta["rejects"],
+                    "offsets": meta["offsets"],
+                }
+                break
+    batch, committed = checkpoint_position(lake, orders.topic)
+    partitions = [
+        PartitionStatus(
+            partition=p,
+            earliest=earliest,
+            end=end,
+            in_raw_next=(held[p]["last"] + 1) if p in held else 0,
+            rows_in_raw=held[p]["rows"] if p in held else 0,
+            copies_in_raw=(held[p]["rows"] - held[p]["offsets"]) if p in held else 0,
+            checkpoint_next=committed.get(p),
+        )
+        for p, (earliest, end) in broker.items()
+    ]
+    return StreamStatus(orders.topic, partitions, batch, last)
+
+
+def checkpoint_position(lake: LakehouseResource, topic: str) -> tuple[int | None, dict[int, int]]:
+    """The newest batch the checkpoint marks committed, and the offsets that batch ends at
+    (partition -> next offset): the third line of Spark's offset log entry for it."""
+    location = checkpoint_location(lake)
+    commits = [
+        int(e.name) for e in list_dir(lake.session, join(location, "commits")) if e.name.isdigit()
+    ]
+    if not commits:
+        return None, {}
+    batch = max(commits)
+    lines = lake.session.read.text(join(location, "offsets", str(batch))).collect()
+    if len(lines) < 3:
+        return batch, {}
+    offsets = json.loads(lines[2]["value"]).get(topic, {})
+    return batch, {int(p): int(o) for p, o in offsets.items()}

@@ -1,0 +1,104 @@
+"""The long-lived stream as a process of its own: `stream start` runs `stream run` detached,
+`stream stop` ends it with SIGTERM (the query stops between two batches, or its unfinished
+batch is re-run on the next start), `stream status` says whether it runs.
+
+A pid file under DAGSTER_HOME (`stream/raw_orders_stream.pid`) names the process; its
+output goes to `stream/raw_orders_stream.log` beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backfill_platform.operations.stream import QUERY_NAME
+
+STOP_TIMEOUT_SECONDS = 120
+
+
+class StreamProcessError(RuntimeError):
+    """The stream process could not be started or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class StreamProcess:
+    directory: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / f"{QUERY_NAME}.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / f"{QUERY_NAME}.log"
+
+    def pid(self) -> int | None:
+        """The running stream's pid; None (and no stale pid file) when none runs."""
+        if not self.pid_file.exists():
+            return None
+        pid = int(self.pid_file.read_text().strip() or 0)
+        if pid and _alive(pid):
+            return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def start(self, trigger_seconds: float) -> int:
+        """`backfill-platform stream run` detached; its pid. One at a time."""
+        running = self.pid()
+        if running is not None:
+            raise StreamProcessError(f"the stream runs already (pid {running}); stream stop first")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            child = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "backfill_platform", "stream", "run"),
+                    *("--trigger-seconds", str(trigger_seconds)),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": _package_path()},
+            )
+        self.pid_file.write_text(str(child.pid))
+        return child.pid
+
+    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> int | None:
+        """SIGTERM, then wait for it to end (SIGKILL after `timeout`); the pid it had."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+        return pid
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie left for its parent to reap."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return False
+    return True
+
+
+def _package_path() -> str:
+    """The child imports this very package, wherever it was imported from."""
+    root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)

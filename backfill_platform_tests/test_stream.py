@@ -1,0 +1,185 @@
+"""The live stream (contract 1.4) against a real Kafka broker, real Spark and real Delta:
+every message in raw/orders exactly once across catch-ups, rejects with their reason, and
+a landing re-ingest that keeps the stream's rows of its day."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pyspark.sql import functions as F
+
+from backfill_platform import cli
+from backfill_platform.checks.reconciliation import raw_vs_landing
+from backfill_platform.operations.stream import catch_up, stream_status
+from backfill_platform.ranges import DayRange
+from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.sources.kafka_broker import kafka_broker
+from backfill_platform.sources.producer import Message, produce, shop_events
+from backfill_platform.transforms.orders import latest_wins
+from backfill_platform_tests.harness import Platform, order_line
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "orders"
+LAUNCH = datetime(2024, 1, 10, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with kafka_broker(tmp_path_factory.mktemp("kafka") / "data", TOPIC, partitions=3) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def stream_platform(tmp_path_factory, spark, broker):
+    return Platform.create(tmp_path_factory.mktemp("stream"))
+
+
+def _orders(broker) -> OrdersTopicResource:
+    return OrdersTopicResource(bootstrap_servers=broker.bootstrap, topic=TOPIC)
+
+
+def _stream_rows(platform: Platform) -> list[dict]:
+    df = platform.table("raw/orders").where(F.col("kafka_topic").isNotNull())
+    return [
+        r.asDict()
+        for r in df.select(
+            "kafka_topic", "kafka_partition", "kafka_offset", "line", "reject_reason", "ingest_date"
+        ).collect()
+    ]
+
+
+def _coordinates(rows) -> list[tuple]:
+    return sorted((r["kafka_topic"], r["kafka_partition"], r["kafka_offset"]) for r in rows)
+
+
+def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch):
+    platform, orders = stream_platform, _orders(broker)
+    first = shop_events(LAUNCH, orders=20, seed=3, orders_per_day=10)
+    kinds = {m.kind.split(":")[0] for m in first}
+    assert {"version", "duplicate", "malformed"} <= kinds  # the sample has every kind
+    produced = produce(broker.bootstrap, TOPIC, first)
+    assert len(produced) == len(first) and len({p.partition for p in produced}) > 1
+
+    report = catch_up(platform.resources["lakehouse"], orders)
+    assert report.rows == len(produced)
+    rows = _stream_rows(platform)
+    assert _coordinates(rows) == sorted((p.topic, p.partition, p.offset) for p in produced)
+    by_offset = {(r["kafka_partition"], r["kafka_offset"]): r for r in rows}
+    for p in produced:
+        row = by_offset[(p.partition, p.offset)]
+        assert row["line"] == p.message.value
+        assert row["ingest_date"] == p.message.timestamp.date()
+        malformed = p.message.kind.startswith("malformed")
+        assert (row["reject_reason"] is not None) == malformed, (p.message, row)
+
+    # Nothing new: a second catch-up commits nothing and raw keeps its version.
+    version = platform.version("raw/orders")
+    again = catch_up(platform.resources["lakehouse"], orders)
+    assert again.rows == 0
+    assert platform.version("raw/orders") == version
+
+    # More messages: only they are added, each once. Through the CLI this time.
+    more = produce(broker.bootstrap, TOPIC, shop_events(LAUNCH, 5, seed=3, first_order=20))
+    monkeypatch.setenv("BACKFILL_LAKEHOUSE_DIR", str(platform.lakehouse))
+    monkeypatch.setenv("BACKFILL_LANDING_DIR", str(platform.landing))
+    monkeypatch.setenv("BACKFILL_KAFKA_BOOTSTRAP", broker.bootstrap)
+    monkeypatch.setenv("BACKFILL_ORDERS_TOPIC", TOPIC)
+    assert cli.main(["stream", "catch-up", "--json"]) == 0
+    everything = produced + more
+    assert _coordinates(_stream_rows(platform)) == sorted(
+        (p.topic, p.partition, p.offset) for p in everything
+    )
+
+    status = stream_status(platform.resources["lakehouse"], orders)
+    assert status.lag == 0
+    for partition in status.partitions:
+        assert partition.copies_in_raw == 0
+        assert partition.checkpoint_next == partition.end == partition.in_raw_next
+    assert status.last_batch is not None and status.last_batch["rows"] == len(more)
+
+
+def test_landing_and_stream_share_raw_and_staging(stream_platform, broker):
+    """raw/orders' landing path replaces only landing rows of its ingest days: a re-ingest
+    of a day the stream also wrote leaves every stream row of that day in place. Staging
+    counts an order that came both ways once: on one ingest day the message wins."""
+    platform, lake = stream_platform, stream_platform.resources["lakehouse"]
+    day = LAUNCH.date().isoformat()
+    at = "2024-01-10T08:00:00Z"
+    both = Message("both-1", order_line("both-1", at, status="paid"), LAUNCH, "version")
+    produce(broker.bootstrap, TOPIC, [both])
+    catch_up(lake, _orders(broker))
+    stream_before = sorted(map(str, _stream_rows(platform)))
+    assert day in {r["ingest_date"].isoformat() for r in _stream_rows(platform)}
+    platform.write_orders(
+        day,
+        [
+            order_line("landing-1", at),
+            order_line("landing-2", at),
+            "not json",
+            order_line("both-1", at, status="placed"),  # same updated_at and ingest day
+        ],
+    )
+    for _ in range(2):  # an ingest, then a re-ingest of the same day
+        platform.materialize(day, selection=["raw/orders"])
+        assert sorted(map(str, _stream_rows(platform))) == stream_before
+        landing = platform.rows("raw/orders", f"kafka_topic IS NULL AND ingest_date = '{day}'")
+        assert sorted(r["line_number"] for r in landing) == [1, 2, 3, 4]
+        assert [r["reject_reason"] for r in landing if r["line_number"] == 3] == ["invalid_json"]
+    # raw/orders' blocking reconciliation compares the day's landing rows with its files.
+    outcome, _ = raw_vs_landing(lake, platform.resources["landing"], DayRange(day, day))
+    assert not outcome.failed
+
+    for rate_day in ("2024-01-09", "2024-01-10"):
+        platform.write_rates(rate_day, {"EUR": "1.1", "GBP": "1.3", "JPY": "0.007", "CHF": "1.1"})
+    platform.materialize("2024-01-09", day, selection=["raw/fx_rates"])
+    platform.materialize(day, selection=["staging/orders", "staging/orders_rejects"])
+    staged = {r["order_id"]: r for r in platform.rows("staging/orders", f"event_date = '{day}'")}
+    assert staged["both-1"]["status"] == "paid" and staged["both-1"]["file_name"] is None
+    assert staged["both-1"]["raw_versions"] == 2
+    valid_ids = {
+        r["order_id"]
+        for r in platform.rows("raw/orders", f"event_date = '{day}' AND reject_reason IS NULL")
+    }
+    assert set(staged) == valid_ids and {"landing-1", "landing-2"} <= valid_ids
+    # Rejected messages keep their topic, partition and offset in place of file and line.
+    rejects = platform.rows("staging/orders_rejects", f"ingest_date = '{day}'")
+    raw_rejects = platform.rows(
+        "raw/orders", f"ingest_date = '{day}' AND reject_reason IS NOT NULL"
+    )
+
+    def where(rows):
+        return sorted(
+            str((r["kafka_partition"], r["kafka_offset"], r["line_number"])) for r in rows
+        )
+
+    assert where(rejects) == where(raw_rejects)
+    assert any(r["kafka_offset"] is not None for r in rejects)
+
+
+def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
+    """Contract 1.4: equal updated_at and ingest_date, a message beats a landing line;
+    between messages the greater timestamp, then partition, then offset wins."""
+    day, when = "DATE'2024-01-10'", "TIMESTAMP'2024-01-10 10:00:00'"
+    rows = spark.sql(
+        f"""SELECT * FROM VALUES
+        ('a', {when}, {day}, 'z.jsonl', 9, NULL, NULL, NULL, NULL, 'landing'),
+        ('a', {when}, {day}, NULL, NULL, 'orders', 0, 5L, {when}, 'message'),
+        ('b', {when}, {day}, NULL, NULL, 'orders', 1, 7L, {when}, 'p1'),
+        ('b', {when}, {day}, NULL, NULL, 'orders', 2, 3L, {when}, 'p2'),
+        ('b', {when}, {day}, NULL, NULL, 'orders', 0, 9L, {when} - INTERVAL 1 SECOND, 'older'),
+        ('c', {when}, {day} + 1, 'a.jsonl', 1, NULL, NULL, NULL, NULL, 'later day'),
+        ('c', {when}, {day}, NULL, NULL, 'orders', 0, 1L, {when}, 'earlier day')
+        AS t(order_id, updated_at, ingest_date, file_name, line_number, kafka_topic,
+             kafka_partition, kafka_offset, kafka_timestamp, status)"""
+    ).select(
+        "*",
+        F.lit(None).cast("string").alias("customer_id"),
+        F.col("updated_at").alias("event_time"),
+        F.to_date("updated_at").alias("event_date"),
+        F.lit("USD").alias("currency"),
+        F.lit(1).cast("decimal(18,2)").alias("amount"),
+    )
+    won = {r["order_id"]: r["status"] for r in latest_wins(rows).collect()}
+    assert won == {"a": "message", "b": "p2", "c": "later day"}
