@@ -58,10 +58,7 @@ def held_rows(
     if not lake.exists(key):
         return {}
     day_column = table(key).partition_column
-    rows = lake.read_partitions(key, start, end)
-    owned = table(key).owned_predicate(rows.columns)
-    if owned:
-        rows = rows.where(owned)
+    rows = lake.read_partitions(key, start, end, owned_only=True)
     return {
         (r[day_column], r["file_name"]): r["count"]
         for r in rows.groupBy(day_column, "file_name").count().collect()

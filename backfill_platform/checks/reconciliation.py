@@ -30,7 +30,6 @@ from backfill_platform.tables import (
     RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
-    table,
 )
 from backfill_platform.transforms.fx import REACH_DAYS, known_currencies, with_usd
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
@@ -78,12 +77,10 @@ def raw_vs_landing(
     }
     stats = {}
     if lakehouse.exists(RAW_ORDERS):
-        raw = lakehouse.read_partitions(RAW_ORDERS, run.start, run.end)
-        landing_rows = table(RAW_ORDERS).owned_predicate(raw.columns)
+        landing_rows = lakehouse.read_partitions(RAW_ORDERS, run.start, run.end, owned_only=True)
         stats = {
             r["ingest_date"].isoformat(): r
-            for r in (raw.where(landing_rows) if landing_rows else raw)
-            .groupBy("ingest_date")
+            for r in landing_rows.groupBy("ingest_date")
             .agg(
                 F.count(F.lit(1)).alias("rows"),
                 F.count("reject_reason").alias("invalid_rows"),

@@ -38,6 +38,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.errors import AnalysisException, SparkRuntimeException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.refusals import refusal
@@ -236,10 +237,19 @@ class LakehouseResource(ConfigurableResource):
         return self.read(key, version).where(_range_predicate(column, start, end))
 
     def read_partitions(
-        self, key: AssetKey | str, start: date, end: date, version: int | None = None
+        self,
+        key: AssetKey | str,
+        start: date,
+        end: date,
+        version: int | None = None,
+        owned_only: bool = False,
     ) -> DataFrame:
-        """A registered table's partitions in [start, end), on its registered column."""
-        return self.read_range(key, table(key).partition_column, start, end, version)
+        """A registered table's partitions in [start, end), on its registered column;
+        `owned_only` keeps the rows the partitioned write path owns (`Table.owned_rows`:
+        raw/orders without the stream's rows)."""
+        rows = self.read_range(key, table(key).partition_column, start, end, version)
+        owned = owned_only and table(key).owned_predicate(rows.columns)
+        return rows.where(owned) if owned else rows
 
     def current_version(self, key: AssetKey | str) -> int | None:
         if not self.exists(key):
@@ -313,13 +323,15 @@ class LakehouseResource(ConfigurableResource):
 
         def attempt() -> CommitInfo:
             with self.table_lock(key):
-                exists = self.exists(key)
+                current = self.read(key).schema if self.exists(key) else None
                 owned = _OWNED.get(name) and table(name).owned_predicate(
-                    (self.read(key) if exists else df).columns
+                    (df.schema if current is None else current).fieldNames()
                 )
                 predicate = f"{in_range} AND {owned}" if owned else in_range
-                data = df if exists else _refuse_rows_outside(df, partition_column, predicate)
-                adds_columns = exists and self._check_schema(name, data)
+                data = (
+                    _refuse_rows_outside(df, partition_column, predicate) if current is None else df
+                )
+                adds_columns = current is not None and self._check_schema(name, current, data)
                 # One file per date partition per write keeps the file count bounded over
                 # re-runs.
                 writer = (
@@ -331,7 +343,7 @@ class LakehouseResource(ConfigurableResource):
                 )
                 if adds_columns:
                     writer = writer.option("mergeSchema", "true")
-                if not exists:
+                if current is None:
                     writer = writer.partitionBy(partition_column)
                 try:
                     writer.save(path)
@@ -395,7 +407,7 @@ class LakehouseResource(ConfigurableResource):
                     .option("txnVersion", str(app_version))
                     .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
                 )
-                if exists and self._check_schema(name, df):
+                if exists and self._check_schema(name, self.read(key).schema, df):
                     writer = writer.option("mergeSchema", "true")
                 if not exists:
                     writer = writer.partitionBy(partition_column)
@@ -427,7 +439,7 @@ class LakehouseResource(ConfigurableResource):
                 .mode(mode)
                 .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
             )
-            if exists and self._check_schema(name, df):
+            if exists and self._check_schema(name, self.read(key).schema, df):
                 writer = writer.option("mergeSchema", "true")
             if not exists and partition_column:
                 writer = writer.partitionBy(partition_column)
@@ -633,9 +645,10 @@ class LakehouseResource(ConfigurableResource):
         filesystem, hadoop_path = self._storage(path)
         return bool(filesystem.exists(hadoop_path))
 
-    def _check_schema(self, name: str, df: DataFrame) -> bool:
-        """Refuse dropped or retyped columns; report whether the write adds columns."""
-        current = {f.name: f.dataType for f in self.read(name).schema.fields}
+    def _check_schema(self, name: str, schema: StructType, df: DataFrame) -> bool:
+        """Refuse dropped or retyped columns of the table's `schema`; report whether the
+        write adds columns."""
+        current = {f.name: f.dataType for f in schema.fields}
         incoming = {f.name: f.dataType for f in df.schema.fields}
         dropped = sorted(set(current) - set(incoming))
         if dropped:
