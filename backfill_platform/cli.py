@@ -9,6 +9,8 @@
     cutover       production's range replaced by the shadow's in one commit per table,
                   then the downstream partitions rebuilt through the normal path
     rollback      every table of a cutover restored to its version before it
+    report        a cutover's correction report for the numbers' owners: why, who, when, the
+                  old and new values per day and in total, what was rebuilt (also in the UI)
     decommission  drop a shadow and VACUUM old files once the retention window has passed
     history       per-partition commit log: run, code version, operation, reason
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
@@ -72,6 +74,7 @@ from backfill_platform.operations.decommission import DecommissionRefused, decom
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
+from backfill_platform.operations.report import ReportRefused, correction_report, record_report
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
@@ -101,6 +104,7 @@ REFUSALS = (
     *OPERATOR_ERRORS,
     CutoverRefused,
     RollbackRefused,
+    ReportRefused,
     DecommissionRefused,
     TableDropRefused,
     ValidationRefused,
@@ -215,6 +219,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow --vacuum-retention-hours below the configured retention",
     )
+    cmd = command("report", "a cutover's correction report (Markdown)", ranged=False)
+    cmd.add_argument("cutover_id", help="the cutover's id (printed by cutover)")
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
     cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
@@ -476,8 +482,17 @@ def _cutover(session: Session, args) -> Outcome:
         for run in runs
     ] or ["  nothing downstream to rebuild"]
     lines += _backfill_lines(report)
+    if report.success:  # the one-page summary for the numbers' owners, in the UI too
+        correction = correction_report(session.lake, session.instance, done.cutover_id)
+        record_report(session.instance, correction)
+        lines.append(f"  correction report: backfill-platform report {done.cutover_id}")
     payload = {**done.to_dict(), "rebuild_runs": as_dicts(runs), **_backfill_payload(report)}
     return (0 if report.success else 1), payload, "\n".join(lines)
+
+
+def _report(session: Session, args) -> Outcome:
+    correction = correction_report(session.lake, session.instance, args.cutover_id)
+    return 0, correction.to_dict(), correction.markdown()
 
 
 def _rollback(session: Session, args) -> Outcome:
@@ -602,6 +617,7 @@ COMMANDS = {
     "cutover": _cutover,
     "rollback": _rollback,
     "decommission": _decommission,
+    "report": _report,
     "history": _history,
     "stale": _stale,
     "stream": _stream,

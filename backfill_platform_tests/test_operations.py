@@ -6,6 +6,7 @@ The correction runs as a shadow backfill of the marts, is validated, cut over at
 rebuilt downstream, rolled back, cut over again and decommissioned.
 """
 
+import getpass
 import hashlib
 import json
 import threading
@@ -33,6 +34,7 @@ from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.plan import build_plan
 from backfill_platform.operations.reconciliation import reconcile_layers
+from backfill_platform.operations.report import REPORT_MARKER
 from backfill_platform.operations.rollback import RollbackRefused, missing_files, rollback
 from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
@@ -292,6 +294,38 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         (["marts/customer_ltv"], DAYS[6], DAYS[6])
     ]
     assert reconcile_marts(lake, landing, first, last).ok
+
+    # The correction report, from Delta's versions and the validation record: the paid EUR
+    # times each day's rate move, in total and per day, largest first; who, why, what was
+    # rebuilt; the same Markdown on the production asset in the UI.
+    status, report = run_cli("report", done["cutover_id"])
+    assert status == 0, report
+    assert report["reason"].endswith("(INC-42)") and report["operator"] == getpass.getuser()
+    assert report["validation_id"] == validation["validation_id"] and report["validation"]["passed"]
+    assert (report["start"], report["end"]) == (DAYS[1], DAYS[5])
+    moves = {DAYS[i]: EUR_PAID * (eur_rate(DAYS[i]) - eur_rate(DAYS[i - 1])) for i in range(1, 6)}
+    totals = {(t["table"], t["measure"]): t for t in report["totals"]}
+    assert Decimal(totals[("marts/fct_daily_revenue", "revenue_usd")]["change"]) == sum(
+        moves.values()
+    )
+    assert totals[("marts/fct_daily_revenue", "rows")]["change"] == "0"
+    fct_days = {
+        c["day"]: Decimal(c["change"])
+        for c in report["changes"]
+        if c["table"] == "marts/fct_daily_revenue" and c["measure"] == "revenue_usd"
+    }
+    assert fct_days == {d: m for d, m in moves.items() if m}
+    order = [abs(c["relative"]) for c in report["changes"] if c["relative"] is not None]
+    assert order == sorted(order, reverse=True)
+    assert [(r["table"], r["days"]) for r in report["rebuilt"]] == [
+        ("marts/customer_ltv", str(DayRange(DAYS[6], DAYS[6])))
+    ]
+    (observed, *_) = platform.instance.fetch_observations(
+        AssetRecordsFilter(asset_key=FCT_DAILY_REVENUE), limit=1
+    ).records
+    shown = observed.asset_observation.metadata[REPORT_MARKER].value
+    assert done["cutover_id"] in shown and "INC-42" in shown and "revenue_usd" in shown
+    assert run_cli("report", "nosuchcutover")[0] == 1
 
     status, history = run_cli(
         "history", "--select", "marts/fct_daily_revenue", "--start", DAYS[2], "--end", DAYS[2]

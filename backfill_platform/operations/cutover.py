@@ -9,6 +9,7 @@ its version, the range, the validation and the operator's reason.
 
 from __future__ import annotations
 
+import getpass
 import uuid
 from dataclasses import asdict, dataclass
 
@@ -143,6 +144,7 @@ def cutover(
                 "validation_id": validation_id,
                 "forced": force,
                 "reason": reason,
+                "operator": getpass.getuser(),  # who approved it, for the correction report
             },
         )
         done.append(

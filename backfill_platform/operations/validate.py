@@ -130,15 +130,19 @@ class Validation:
         return "\n".join(lines)
 
 
-def _data_columns(df: DataFrame) -> list[str]:
+def data_columns(df: DataFrame) -> list[str]:
     return sorted(c for c in df.columns if not c.startswith("_"))
 
 
-def _numeric(df: DataFrame, column: str) -> bool:
+def is_numeric(df: DataFrame, column: str) -> bool:
     return isinstance(df.schema[column].dataType, T.NumericType)
 
 
-def _per_partition(df: DataFrame, column: str, keys: list[str], numeric: list[str]) -> dict:
+def per_partition_stats(
+    df: DataFrame, column: str, keys: list[str], numeric: list[str]
+) -> dict[str, dict]:
+    """Per partition: rows (`_rows`), distinct keys (`_keys`) and each numeric column's sum
+    (as text, exact for decimals); shared with the correction report."""
     aggs = [
         F.count(F.lit(1)).alias("_rows"),
         F.count_distinct(*[F.col(k) for k in keys]).alias("_keys"),
@@ -157,14 +161,14 @@ def compare_table(
     column = table(key).partition_column
     prod = lake.read_range(key, column, days.start, days.end) if lake.exists(key) else None
     shad = shadow.read_range(key, column, days.start, days.end)
-    cols = _data_columns(shad)
+    cols = data_columns(shad)
     schema_matches = prod is None or {
-        f.name: f.dataType for f in prod.schema.fields if f.name in _data_columns(prod)
+        f.name: f.dataType for f in prod.schema.fields if f.name in data_columns(prod)
     } == {f.name: f.dataType for f in shad.schema.fields if f.name in cols}
     keys = [k for k in table(key).key_columns if k in cols] or cols
-    numeric = [c for c in cols if _numeric(shad, c) and c not in keys]
-    shadow_stats = _per_partition(shad, column, keys, numeric)
-    prod_stats = _per_partition(prod, column, keys, numeric) if prod is not None else {}
+    numeric = [c for c in cols if is_numeric(shad, c) and c not in keys]
+    shadow_stats = per_partition_stats(shad, column, keys, numeric)
+    prod_stats = per_partition_stats(prod, column, keys, numeric) if prod is not None else {}
     covered = set(shadow.built_partitions(key))
     partitions = []
     for day in days.partition_keys():
@@ -266,6 +270,7 @@ def record_validation(instance: DagsterInstance, validation: Validation) -> None
                             "start": validation.start,
                             "end": validation.end,
                             "passed": validation.passed,
+                            "created_at": validation.created_at,
                             "shadow_version": t.shadow_version,
                             "production_version": t.production_version,
                         }
