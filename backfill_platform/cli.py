@@ -78,7 +78,12 @@ from backfill_platform.operations.report import ReportRefused, correction_report
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
-from backfill_platform.operations.stream import catch_up, run_stream, stream_status
+from backfill_platform.operations.stream import (
+    catch_up,
+    report_batch,
+    run_stream,
+    stream_status,
+)
 from backfill_platform.operations.stream_process import StreamProcess, StreamProcessError
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
@@ -575,7 +580,7 @@ def _stream(session: Session, args) -> Outcome:
     orders = orders_topic_from_settings()
     process = StreamProcess(dagster_home() / "stream")
     if args.action == "catch-up":
-        report = catch_up(session.lake, orders)
+        report = catch_up(session.lake, orders, on_batch=_reporter(session, orders.topic))
         return 0, report.to_dict(), report.describe()
     if args.action == "run":
         return _run_stream(session, orders, args.trigger_seconds)
@@ -593,13 +598,21 @@ def _stream(session: Session, args) -> Outcome:
     return 0, status.to_dict() | {"pid": pid}, f"{status.describe()}\n  {running}"
 
 
+def _reporter(session: Session, topic: str):
+    """Each committed batch to the instance, as runless materializations of its days."""
+    return lambda batch: report_batch(session.instance, topic, batch)
+
+
 def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
     """The stream in this process until SIGTERM or Ctrl-C; one line per batch as it commits."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
+    reported = _reporter(session, orders.topic)
+
     def show(batch) -> None:
+        reported(batch)
         print(batch.describe(), flush=True)
 
     print(f"streaming {orders.topic} from {orders.bootstrap_servers} into raw/orders", flush=True)

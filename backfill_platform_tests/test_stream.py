@@ -4,18 +4,24 @@ a landing re-ingest that keeps the stream's rows of its day."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
+from functools import partial
 
 import pytest
+from dagster import AssetRecordsFilter, DagsterInstance, build_sensor_context
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
+from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
-from backfill_platform.operations.stream import catch_up, stream_status
+from backfill_platform.operations.stream import catch_up, report_batch, stream_status
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import Message, produce, shop_events
+from backfill_platform.tables import RAW_ORDERS
 from backfill_platform.transforms.orders import latest_wins
 from backfill_platform_tests.harness import Platform, order_line
 
@@ -54,16 +60,40 @@ def _coordinates(rows) -> list[tuple]:
     return sorted((r["kafka_topic"], r["kafka_partition"], r["kafka_offset"]) for r in rows)
 
 
-def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch):
+def _streamed_days(instance: DagsterInstance) -> Counter:
+    """Rows per raw/orders day that the instance saw the stream's batches write."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=RAW_ORDERS), limit=10_000
+    ).records
+    days: Counter = Counter()
+    for record in records:
+        event = record.asset_materialization
+        assert event.metadata["writer"].value == "stream", event
+        days[event.partition] += event.metadata["rows"].value
+    return days
+
+
+def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch, tmp_path):
     platform, orders = stream_platform, _orders(broker)
+    reported = partial(report_batch, platform.instance, TOPIC)
     first = shop_events(LAUNCH, orders=20, seed=3, orders_per_day=10)
     kinds = {m.kind.split(":")[0] for m in first}
     assert {"version", "duplicate", "malformed"} <= kinds  # the sample has every kind
     produced = produce(broker.bootstrap, TOPIC, first)
     assert len(produced) == len(first) and len({p.partition for p in produced}) > 1
 
-    report = catch_up(platform.resources["lakehouse"], orders)
+    report = catch_up(platform.resources["lakehouse"], orders, on_batch=reported)
     assert report.rows == len(produced)
+    # Dagster sees the stream: each batch a runless materialization of every day it wrote.
+    per_day = Counter(p.message.timestamp.date().isoformat() for p in produced)
+    assert _streamed_days(platform.instance) == per_day
+    # Staging and the marts follow the stream through the rolling window: its sensor reacts
+    # to the stream's materializations with one ranged run up to the newest streamed day.
+    with build_sensor_context(instance=platform.instance) as context:
+        result = rolling_window_sensor(context)
+    (request,) = result.run_requests
+    assert request.tags[RANGE_START_TAG] <= min(per_day)
+    assert request.tags[RANGE_END_TAG] == max(per_day)
     rows = _stream_rows(platform)
     assert _coordinates(rows) == sorted((p.topic, p.partition, p.offset) for p in produced)
     by_offset = {(r["kafka_partition"], r["kafka_offset"]): r for r in rows}
@@ -76,9 +106,10 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch)
 
     # Nothing new: a second catch-up commits nothing and raw keeps its version.
     version = platform.version("raw/orders")
-    again = catch_up(platform.resources["lakehouse"], orders)
+    again = catch_up(platform.resources["lakehouse"], orders, on_batch=reported)
     assert again.rows == 0
     assert platform.version("raw/orders") == version
+    assert _streamed_days(platform.instance) == per_day
 
     # More messages: only they are added, each once. Through the CLI this time.
     more = produce(broker.bootstrap, TOPIC, shop_events(LAUNCH, 5, seed=3, first_order=20))
@@ -86,7 +117,12 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch)
     monkeypatch.setenv("BACKFILL_LANDING_DIR", str(platform.landing))
     monkeypatch.setenv("BACKFILL_KAFKA_BOOTSTRAP", broker.bootstrap)
     monkeypatch.setenv("BACKFILL_ORDERS_TOPIC", TOPIC)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     assert cli.main(["stream", "catch-up", "--json"]) == 0
+    with DagsterInstance.get() as instance:  # the command's instance saw its batches
+        assert _streamed_days(instance) == Counter(
+            p.message.timestamp.date().isoformat() for p in more
+        )
     everything = produced + more
     assert _coordinates(_stream_rows(platform)) == sorted(
         (p.topic, p.partition, p.offset) for p in everything

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dagster import AssetMaterialization, DagsterInstance, MetadataValue
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -45,9 +46,13 @@ class BatchReport:
     rows: int
     rejects: int
     offsets: dict[int, tuple[int, int]]  # partition -> (first, last) offset of the batch
-    ingest_dates: list[str]
+    rows_by_day: dict[str, int]  # ingest day (raw/orders' partition) -> rows of the batch
     delta_version: int | None  # None: Delta already held this batch (a replay), skipped
     seconds: float
+
+    @property
+    def ingest_dates(self) -> list[str]:
+        return sorted(self.rows_by_day)
 
     def describe(self) -> str:
         spans = ", ".join(f"p{p} {lo}..{hi}" for p, (lo, hi) in sorted(self.offsets.items()))
@@ -107,18 +112,23 @@ def write_batch(
     # One file per ingest day per batch (the Kafka source reads one task per partition).
     rows = parse_messages(messages).repartition("ingest_date").persist()
     try:
-        stats = rows.groupBy("kafka_partition").agg(
+        stats = rows.groupBy("kafka_partition", "ingest_date").agg(
             F.min("kafka_offset").alias("first"),
             F.max("kafka_offset").alias("last"),
             F.count(F.lit(1)).alias("rows"),
             F.count("reject_reason").alias("rejects"),
-            F.collect_set(F.col("ingest_date").cast("string")).alias("days"),
         )
-        per_partition = stats.collect()
-        offsets = {r["kafka_partition"]: (r["first"], r["last"]) for r in per_partition}
-        days = sorted({d for r in per_partition for d in r["days"]})
-        count = sum(r["rows"] for r in per_partition)
-        rejects = sum(r["rejects"] for r in per_partition)
+        groups = stats.collect()
+        offsets: dict[int, tuple[int, int]] = {}
+        rows_by_day: dict[str, int] = {}
+        for r in groups:
+            lo, hi = offsets.get(r["kafka_partition"], (r["first"], r["last"]))
+            offsets[r["kafka_partition"]] = (min(lo, r["first"]), max(hi, r["last"]))
+            day = r["ingest_date"].isoformat()
+            rows_by_day[day] = rows_by_day.get(day, 0) + r["rows"]
+        days = sorted(rows_by_day)
+        count = sum(rows_by_day.values())
+        rejects = sum(r["rejects"] for r in groups)
         version = None
         if count:
             commit = lake.append_once(
@@ -143,15 +153,48 @@ def write_batch(
             version = commit.version if commit else None
     finally:
         rows.unpersist()
-    return BatchReport(batch_id, count, rejects, offsets, days, version, time.monotonic() - started)
+    return BatchReport(
+        batch_id, count, rejects, offsets, rows_by_day, version, time.monotonic() - started
+    )
 
 
-def catch_up(lake: LakehouseResource, orders: OrdersTopicResource) -> CatchUpReport:
+def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> None:
+    """Dagster has no streaming runs: each committed batch is a runless materialization of
+    every raw/orders partition it wrote (batch id, Delta version, rows, offsets), so the
+    asset's partitions show the stream's progress per day beside the backfills' runs and
+    their downstream partitions turn stale as late messages land. A replay that Delta
+    skipped wrote nothing and is not reported."""
+    if batch.delta_version is None:
+        return
+    spans = {str(p): list(span) for p, span in sorted(batch.offsets.items())}
+    for day, rows in sorted(batch.rows_by_day.items()):
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                asset_key=RAW_ORDERS,
+                partition=day,
+                description=f"stream batch {batch.batch_id} from {topic}",
+                metadata={
+                    "writer": STREAM_WRITER,
+                    "topic": topic,
+                    "batch_id": batch.batch_id,
+                    "delta_version": batch.delta_version,
+                    "rows": rows,
+                    "batch_offsets": MetadataValue.json(spans),
+                },
+            )
+        )
+
+
+def catch_up(
+    lake: LakehouseResource,
+    orders: OrdersTopicResource,
+    on_batch: Callable[[BatchReport], None] | None = None,
+) -> CatchUpReport:
     """Every message the topic holds now and raw does not, then stop (Spark's AvailableNow
     trigger: the offsets available at the start, in batches of `max_offsets_per_batch`)."""
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
     clock = time.monotonic()
-    query = _start(lake, orders, report, {"availableNow": True})
+    query = _start(lake, orders, report, {"availableNow": True}, on_batch)
     query.awaitTermination()
     report.seconds = time.monotonic() - clock
     return report
