@@ -156,14 +156,15 @@ def staging_customers(
             "_loaded_at", F.current_timestamp()
         )
         version = target.overwrite(key, versions, covered_days(context, context.run_id, key))
-    written = target.read(key, version)
-    return MaterializeResult(
-        metadata={
-            "delta_version": version,
-            "versions": written.count(),
-            "customers": written.select("customer_id").distinct().count(),
-        }
+    counts = (
+        target.read(key, version)
+        .agg(
+            F.count(F.lit(1)).alias("versions"),
+            F.count_distinct("customer_id").alias("customers"),
+        )
+        .first()
     )
+    return MaterializeResult(metadata={"delta_version": version, **counts.asDict()})
 
 
 @asset(

@@ -25,6 +25,7 @@ from backfill_platform_tests.e2e.services import (
     SparkCluster,
     dagster_env,
     free_port,
+    live_crm_caller,
     make_dagster_home,
     make_postgres_dir,
     postgres_bin,
@@ -42,6 +43,8 @@ ALL_ASSETS = [name.split("/") for name in TABLE_NAMES]
 # alone and passed 600 s when another CI job shared the 2 cores).
 BACKFILL_TIMEOUT = 900
 CRM_TOKEN = "scaled-out-crm-token"
+# The live machine's pace: above its reserve of 5/s, so at times the total limit binds too.
+LIVE_CALLS_PER_SECOND = 6
 
 
 # The modules that share the session deployment (fixtures `deployment`, `first_backfill`,
@@ -166,6 +169,7 @@ class ScaledOut:
     backfill_id: str
     status: dict
     crm: CrmProcess  # the deployment's CRM (limit 20/s), its request log audited
+    live: dict  # the other machine's live caller: limiter backend, calls, 429s
 
 
 @pytest.fixture(scope="session")
@@ -205,14 +209,21 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
             "BACKFILL_CRM_RATE_LIMIT": "20",
             "BACKFILL_CRM_LIVE_RESERVE": "0.25",
             "BACKFILL_CRM_LIMITER_BACKEND": "postgres",
+            # Two-day runs: the CRM's raw asset is called by two runs of the backfill.
+            "BACKFILL_PARTITIONS_PER_RUN": "2",
         }
         deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
-        backfill_id = deployment.dagster.launch_backfill(
-            ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
-        )
-        status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
+        # Meanwhile a live path on another machine calls the same CRM through the same
+        # PostgreSQL window (issue 35): the backfill's runs must leave it its reserve.
+        with live_crm_caller(
+            root / "live-machine", deployment.dagster.env, LIVE_CALLS_PER_SECOND
+        ) as live:
+            backfill_id = deployment.dagster.launch_backfill(
+                ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
+            )
+            status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
         yield ScaledOut(
-            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status, crm
+            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status, crm, live
         )
     finally:
         if deployment is not None:

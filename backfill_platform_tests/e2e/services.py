@@ -813,3 +813,54 @@ class SparkCluster:
 
     def stop(self) -> None:
         stop_all(self.services)
+
+
+# The live path of another machine: builds its CRM client from settings like a run, then
+# calls `per_second` new customers each second as kind "live" until the file `stop` appears
+# in its working directory; prints its calls and 429s.
+_LIVE_CALLER = """
+import json, pathlib, sys, time
+from dagster import build_resources
+from backfill_platform.definitions import build_crm
+per_second = int(sys.argv[1])
+crm = build_crm("lakehouse")
+calls = throttled = 0
+with build_resources({"crm": crm}) as resources:
+    print("ready", flush=True)
+    while not pathlib.Path("stop").exists():
+        tick = time.monotonic()
+        ids = [f"live-{calls + n}" for n in range(per_second)]
+        answers, stats = resources.crm.fetch(ids, kind="live", run_id="live-caller")
+        calls, throttled = calls + len(answers), throttled + stats.throttled_429
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+print(json.dumps({"backend": crm.limiter_backend, "calls": calls, "429": throttled}))
+"""
+
+
+@contextlib.contextmanager
+def live_crm_caller(
+    workdir: Path, env: Mapping[str, str], per_second: int
+) -> Iterable[dict[str, Any]]:
+    """A second machine's live CRM calls while the block runs (its own working directory,
+    no limiter file shared with anyone); yields the dict its report is put into."""
+    workdir.mkdir(parents=True)
+    settings = {k: v for k, v in env.items() if k != "BACKFILL_CRM_LIMITER"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", _LIVE_CALLER, str(per_second)],
+        cwd=workdir,
+        env={**settings, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    report: dict[str, Any] = {}
+    try:
+        assert process.stdout.readline().strip() == "ready", "the live CRM caller did not start"
+        yield report
+        (workdir / "stop").touch()
+        out, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, out
+        report.update(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -55,17 +55,35 @@ def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, sp
 
 
 def test_the_runs_crm_calls_held_the_limit_through_the_instances_postgres(scaled_out):
-    """The deployment's runs took their CRM slots from the instance's PostgreSQL (no
-    limiter file on the machine): the CRM's own log shows every call answered, none 429,
-    at most 20 in any second and at most the backfill share of 15."""
+    """Two runs of the deployment's backfill and a live path on another machine (its own
+    working directory, no limiter file) called one CRM at 20/s, all taking their slots from
+    the instance's PostgreSQL: the CRM's own log shows every call answered, none 429, at
+    most 20 in any second, and the backfill at most its share of 15, also while the live
+    path called."""
     assert scaled_out.status["status"] == "COMPLETED_SUCCESS", scaled_out.status
     logged = scaled_out.crm.requests()
-    times = [e["t"] for e in logged]
+    backfill = [e for e in logged if e["kind"] == "backfill"]
+    live = [e["t"] for e in logged if e["kind"] == "live"]
+    runs = Counter(e["run"] for e in backfill)
+    while_live = [e["t"] for e in backfill if min(live) <= e["t"] <= max(live)]
     statuses = Counter(e["status"] for e in logged)
-    print(f"scaled-out CRM: {len(logged)} calls, {statuses}, peak {peak_per_second(times)}/s")
-    assert logged and statuses.get(429, 0) == 0 and set(statuses) == {404}, statuses
-    assert peak_per_second(times) <= 20
-    assert peak_per_second([e["t"] for e in logged if e["kind"] == "backfill"]) <= 15
+    audit = {
+        "calls": len(logged),
+        "statuses": dict(statuses),
+        "backfill_calls_by_run": dict(runs),
+        "live_calls": len(live),
+        "peak": peak_per_second([e["t"] for e in logged]),
+        "backfill_peak": peak_per_second([e["t"] for e in backfill]),
+        "backfill_peak_while_live": peak_per_second(while_live),
+        "live_caller": scaled_out.live,
+    }
+    print(f"scaled-out CRM: {audit}")
+    assert statuses.get(429, 0) == 0 and set(statuses) == {404}, audit
+    assert scaled_out.live["backend"] == "postgres" and scaled_out.live["429"] == 0, audit
+    assert len(runs) >= 2 and "" not in runs, audit  # two runs of the backfill called
+    assert len(while_live) == len(backfill), audit  # the live path called all along
+    assert audit["peak"] <= 20, audit
+    assert audit["backfill_peak"] <= 15, audit
     with closing(scaled_out.postgres.connect()) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass('backfill_crm_rate_limit') IS NOT NULL")
         assert cur.fetchone() == (True,)
