@@ -209,7 +209,8 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
             "BACKFILL_CRM_RATE_LIMIT": "20",
             "BACKFILL_CRM_LIVE_RESERVE": "0.25",
             "BACKFILL_CRM_LIMITER_BACKEND": "postgres",
-            # Two-day runs: the CRM's raw asset is called by two runs of the backfill.
+            # Two-day runs: the CRM's raw asset is called by two runs of the backfill (twice
+            # the runs of one three-day chunk, hence twice the usual wait below).
             "BACKFILL_PARTITIONS_PER_RUN": "2",
         }
         deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
@@ -221,7 +222,7 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
             backfill_id = deployment.dagster.launch_backfill(
                 ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
             )
-            status = deployment.dagster.wait_backfill(backfill_id, BACKFILL_TIMEOUT)
+            status = deployment.dagster.wait_backfill(backfill_id, 2 * BACKFILL_TIMEOUT)
         yield ScaledOut(
             deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status, crm, live
         )
