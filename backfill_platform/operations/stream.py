@@ -273,6 +273,7 @@ class PartitionStatus:
     in_raw_next: int  # one past the greatest offset raw holds (0: none)
     rows_in_raw: int
     copies_in_raw: int  # rows beyond one per offset: 0 when exactly once holds
+    missing_in_raw: int  # offsets of [earliest, in_raw_next) raw lacks: 0 when no gap
     checkpoint_next: int | None  # the checkpoint's committed position
 
     @property
@@ -304,7 +305,8 @@ class StreamStatus:
         lines = [f"{self.topic}: lag {self.lag} message(s) behind the broker"]
         lines += [
             f"  p{p.partition}: broker {p.earliest}..{p.end}, raw up to {p.in_raw_next} "
-            f"({p.rows_in_raw} rows, {p.copies_in_raw} extra copies), checkpoint "
+            f"({p.rows_in_raw} rows, {p.copies_in_raw} extra copies, {p.missing_in_raw} "
+            "missing), checkpoint "
             f"{'-' if p.checkpoint_next is None else p.checkpoint_next}, lag {p.lag}"
             for p in self.partitions
         ]
@@ -322,14 +324,19 @@ class StreamStatus:
 
 
 def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> StreamStatus:
-    """Per partition: the broker's offsets, what raw/orders holds, the checkpoint's
-    position, and the lag (broker end - raw's next); the stream's last committed batch."""
+    """Per partition: the broker's offsets, what raw/orders holds (rows, extra copies, and
+    offsets missing below its newest: no overlap and no gap), the checkpoint's position,
+    and the lag (broker end - raw's next); the stream's last committed batch."""
     broker = orders.end_offsets()
     held: dict[int, Any] = {}
     last = None
     if lake.exists(RAW_ORDERS):
         raw = lake.read(RAW_ORDERS)
-        if RAW_ORDERS_STREAM_COLUMN in raw.columns:
+        if RAW_ORDERS_STREAM_COLUMN in raw.columns and broker:
+            earliest_of = F.create_map(
+                *[F.lit(v) for p, (first, _) in sorted(broker.items()) for v in (p, first)]
+            )[F.col("kafka_partition")]
+            retained = F.when(F.col("kafka_offset") >= earliest_of, F.col("kafka_offset"))
             held = {
                 r["kafka_partition"]: r
                 for r in raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == orders.topic)
@@ -338,6 +345,7 @@ def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> Strea
                     F.max("kafka_offset").alias("last"),
                     F.count(F.lit(1)).alias("rows"),
                     F.count_distinct("kafka_offset").alias("offsets"),
+                    F.count_distinct(retained).alias("retained"),
                 )
                 .collect()
             }
@@ -362,6 +370,9 @@ def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> Strea
             in_raw_next=(held[p]["last"] + 1) if p in held else 0,
             rows_in_raw=held[p]["rows"] if p in held else 0,
             copies_in_raw=(held[p]["rows"] - held[p]["offsets"]) if p in held else 0,
+            missing_in_raw=max(0, held[p]["last"] + 1 - earliest - held[p]["retained"])
+            if p in held
+            else 0,
             checkpoint_next=committed.get(p),
         )
         for p, (earliest, end) in broker.items()
