@@ -10,6 +10,7 @@ over by hand, so the report can be generated again at any time while the history
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from decimal import Decimal
@@ -17,10 +18,9 @@ from decimal import Decimal
 from dagster import AssetKey, AssetObservation, DagsterInstance, MetadataValue
 
 from backfill_platform.operations.rebuild import CUTOVER_TAG
-from backfill_platform.operations.rollback import find_cutover
+from backfill_platform.operations.rollback import find_cutover, table_histories
 from backfill_platform.operations.validate import (
-    data_columns,
-    is_numeric,
+    keys_and_measures,
     latest_validation,
     per_partition_stats,
 )
@@ -138,7 +138,8 @@ def _row(c: Change, with_day: bool) -> str:
 def correction_report(
     lake: LakehouseResource, instance: DagsterInstance | None, cutover_id: str
 ) -> CorrectionReport:
-    commits = find_cutover(lake, cutover_id)
+    histories = table_histories(lake)
+    commits = find_cutover(histories, cutover_id)
     if not commits:
         raise ReportRefused(f"no cutover {cutover_id!r} in the Delta history of any table")
     first = next(iter(commits.values()))
@@ -170,7 +171,7 @@ def correction_report(
             report.changes += day_changes
             report.totals += totals
     report.changes.sort(key=lambda c: c.order, reverse=True)
-    report.rebuilt = _rebuilt(lake, instance, cutover_id)
+    report.rebuilt = _rebuilt(histories, instance, cutover_id)
     return report
 
 
@@ -196,9 +197,7 @@ def _table_changes(
     )
     new = lake.read_range(name, column, start, end, version=version)
     old = lake.read_range(name, column, start, end, version=version - 1) if version else None
-    columns = data_columns(new)
-    keys = [k for k in table(name).key_columns if k in columns] or columns
-    measures = [c for c in columns if is_numeric(new, c) and c not in keys]
+    keys, measures = keys_and_measures(new, name)
     after = per_partition_stats(new, column, keys, measures)
     before = per_partition_stats(old, column, keys, measures) if old is not None else {}
     changes: list[Change] = []
@@ -223,15 +222,15 @@ def _change(name: str, day: str, measure: str, old: Decimal, new: Decimal) -> Ch
 
 
 def _rebuilt(
-    lake: LakehouseResource, instance: DagsterInstance | None, cutover_id: str
+    histories: Mapping[str, list[dict]], instance: DagsterInstance | None, cutover_id: str
 ) -> list[Rebuilt]:
     """Commits of the runs the cutover's downstream rebuild launched (tagged with it)."""
     if instance is None:
         return []
     runs: dict[str, bool] = {}
     found = []
-    for name in TABLE_NAMES:
-        for commit in reversed(lake.history(name)):
+    for name, history in histories.items():
+        for commit in reversed(history):
             run_id = commit["metadata"].get("dagster_run_id")
             if not run_id:
                 continue

@@ -9,6 +9,7 @@ leaves every table as it was.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance
@@ -47,12 +48,17 @@ class Rollback:
         return asdict(self)
 
 
-def find_cutover(lake: LakehouseResource, cutover_id: str | None) -> dict[str, dict]:
+def table_histories(lake: LakehouseResource) -> dict[str, list[dict]]:
+    """Every registered table's Delta history, newest first: read once per operation."""
+    return {table: lake.history(table) for table in TABLE_NAMES}
+
+
+def find_cutover(histories: Mapping[str, list[dict]], cutover_id: str | None) -> dict[str, dict]:
     """Table -> the cutover commit (the newest cutover when no id is given)."""
     found: dict[str, dict] = {}
     newest = None
-    for table in TABLE_NAMES:
-        for commit in lake.history(table):
+    for table, history in histories.items():
+        for commit in history:
             meta = commit["metadata"]
             if meta.get("operation") != CUTOVER:
                 continue
@@ -61,7 +67,7 @@ def find_cutover(lake: LakehouseResource, cutover_id: str | None) -> dict[str, d
             if cutover_id and meta.get("cutover_id") == cutover_id:
                 found[table] = commit
     if cutover_id is None:
-        return find_cutover(lake, newest[1]) if newest else {}
+        return find_cutover(histories, newest[1]) if newest else {}
     return found
 
 
@@ -93,13 +99,14 @@ def rollback(
     """Restore every table of the cutover; refuses to undo other work unless forced."""
     if not reason.strip():
         raise RollbackRefused("a rollback needs the operator's reason (--reason)")
-    commits = find_cutover(lake, cutover_id)
+    histories = table_histories(lake)
+    commits = find_cutover(histories, cutover_id)
     if not commits:
         raise RollbackRefused(f"no cutover {cutover_id or ''} found in the Delta history")
     cutover_id = next(iter(commits.values()))["metadata"]["cutover_id"]
     plans, problems = [], []
     for table, commit in commits.items():
-        history = lake.history(table)
+        history = histories[table]
         if any(
             h["metadata"].get("operation") == ROLLBACK
             and h["metadata"].get("cutover_id") == cutover_id

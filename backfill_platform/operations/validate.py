@@ -130,12 +130,20 @@ class Validation:
         return "\n".join(lines)
 
 
-def data_columns(df: DataFrame) -> list[str]:
+def _data_columns(df: DataFrame) -> list[str]:
     return sorted(c for c in df.columns if not c.startswith("_"))
 
 
-def is_numeric(df: DataFrame, column: str) -> bool:
+def _numeric(df: DataFrame, column: str) -> bool:
     return isinstance(df.schema[column].dataType, T.NumericType)
+
+
+def keys_and_measures(df: DataFrame, key: AssetKey | str) -> tuple[list[str], list[str]]:
+    """The table's key columns present in `df` (all data columns when none is), and the
+    numeric data columns outside them: what a comparison counts and sums per partition."""
+    columns = _data_columns(df)
+    keys = [k for k in table(key).key_columns if k in columns] or columns
+    return keys, [c for c in columns if _numeric(df, c) and c not in keys]
 
 
 def per_partition_stats(
@@ -161,12 +169,11 @@ def compare_table(
     column = table(key).partition_column
     prod = lake.read_range(key, column, days.start, days.end) if lake.exists(key) else None
     shad = shadow.read_range(key, column, days.start, days.end)
-    cols = data_columns(shad)
+    cols = _data_columns(shad)
     schema_matches = prod is None or {
-        f.name: f.dataType for f in prod.schema.fields if f.name in data_columns(prod)
+        f.name: f.dataType for f in prod.schema.fields if f.name in _data_columns(prod)
     } == {f.name: f.dataType for f in shad.schema.fields if f.name in cols}
-    keys = [k for k in table(key).key_columns if k in cols] or cols
-    numeric = [c for c in cols if is_numeric(shad, c) and c not in keys]
+    keys, numeric = keys_and_measures(shad, key)
     shadow_stats = per_partition_stats(shad, column, keys, numeric)
     prod_stats = per_partition_stats(prod, column, keys, numeric) if prod is not None else {}
     covered = set(shadow.built_partitions(key))
