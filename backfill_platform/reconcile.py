@@ -10,6 +10,7 @@ tests use it: the oracle is how they judge the platform, so the platform never r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
@@ -20,6 +21,7 @@ from pyspark.sql import functions as F
 from backfill_platform.ranges import DayRange
 from backfill_platform.reference import (
     ContractAnswer,
+    StreamMessage,
     compute_contract_answer,
     ltv_daily_totals,
     revenue_by_segment,
@@ -81,14 +83,19 @@ def expected_fct_by_key(answer: ContractAnswer) -> dict[tuple[date, str], tuple]
 
 
 def reconcile_marts(
-    lake: LakehouseResource, landing: Path, first_day: date, last_day: date
+    lake: LakehouseResource,
+    landing: Path,
+    first_day: date,
+    last_day: date,
+    messages: Iterable[StreamMessage] = (),
 ) -> Reconciliation:
     """fct_daily_revenue row by row, and customer_ltv by daily totals, vs the contract.
 
     The answer is computed from all history up to `last_day` (LTV snapshots in the range
-    carry every earlier order) and compared on the range only.
+    carry every earlier order), over the landing files and the topic's `messages`, and
+    compared on the range only.
     """
-    answer = compute_contract_answer(landing, last_date=last_day)
+    answer = compute_contract_answer(landing, last_date=last_day, messages=messages)
     days = DayRange.of_days(first_day, last_day)
     details: list[str] = []
     fct = fct_by_key(lake.read_partitions(FCT_DAILY_REVENUE, days.start, days.end).collect())

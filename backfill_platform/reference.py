@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal, localcontext
@@ -50,8 +50,23 @@ class StagedOrder:
     currency: str
     amount: Decimal
     ingest_date: date
-    file_name: str
-    line_number: int
+    file_name: str | None  # None: the winning version came from the topic
+    line_number: int | None
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    """A message as the broker stored it (contract 1.4): where, when, and its value."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    value: bytes
+
+    @property
+    def ingest_date(self) -> date:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC).date()
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,9 @@ class ContractAnswer:
     fx_rejects: list[tuple[date, str, int, str]]
     ignored_paths: list[str]
     rates: dict[tuple[date, str], Decimal] = field(default_factory=dict)
+    # Contract 1.4: messages per ingest day, and rejected ones (topic, partition, offset, reason).
+    message_counts: dict[date, int] = field(default_factory=dict)
+    message_rejects: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
 class _Invalid(Exception):
@@ -249,8 +267,17 @@ def _read_rates(
 
 
 def compute_contract_answer(
-    landing_dir: Path, *, first_date: date | None = None, last_date: date | None = None
+    landing_dir: Path,
+    *,
+    first_date: date | None = None,
+    last_date: date | None = None,
+    messages: Iterable[StreamMessage] = (),
 ) -> ContractAnswer:
+    """The answer over the landing files and, contract 1.4, the topic's `messages`.
+
+    Latest wins over both sources by (updated_at, ingest_date, message over landing line,
+    then timestamp, partition, offset between messages, file and line between lines).
+    """
     landing = Path(landing_dir)
     ignored: list[str] = []
     rates, fx_rejects = _read_rates(landing, ignored)
@@ -280,10 +307,27 @@ def compute_contract_answer(
                     continue
                 event_date = record["event_time"].date()
                 valid_per_day[event_date] += 1
-                rank = (record["updated_at"], day, path.name, number)
+                rank = (record["updated_at"], day, 0, 0, -1, -1, path.name, number)
                 current = winners.get(record["order_id"])
                 if current is None or rank > current[0]:
                     winners[record["order_id"]] = (rank, record, day, path.name, number)
+    message_counts: dict[date, int] = defaultdict(int)
+    message_rejects: list[tuple[str, int, int, str]] = []
+    for m in messages:  # every value is a record: an empty one is invalid_json, not blank
+        day = m.ingest_date
+        message_counts[day] += 1
+        try:
+            record = validate(m.value)
+            if record["currency"] not in known:
+                raise _Invalid("unknown_currency")
+        except _Invalid as invalid:
+            message_rejects.append((m.topic, m.partition, m.offset, str(invalid)))
+            continue
+        valid_per_day[record["event_time"].date()] += 1
+        rank = (record["updated_at"], day, 1, m.timestamp_ms, m.partition, m.offset, "", 0)
+        current = winners.get(record["order_id"])
+        if current is None or rank > current[0]:
+            winners[record["order_id"]] = (rank, record, day, None, None)
     staging: dict[str, StagedOrder] = {}
     for order_id, (_, record, day, name, number) in winners.items():
         event_date = record["event_time"].date()
@@ -314,6 +358,8 @@ def compute_contract_answer(
         fx_rejects,
         ignored,
         order_rates,
+        dict(message_counts),
+        message_rejects,
     )
 
 
