@@ -5,6 +5,8 @@ Delta's per-file min/max statistics on `event_date` skip raw files that cannot h
 late data is folded in without scanning all of history.
 """
 
+import json
+
 from dagster import (
     AssetDep,
     AssetExecutionContext,
@@ -24,6 +26,7 @@ from backfill_platform.assets.common import (
 from backfill_platform.assets.reference import FX_CURRENCIES
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.tables import (
     RAW_ORDERS,
     STAGING_ORDERS,
@@ -76,7 +79,11 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
 def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource):
     start, end = run_dates(context)
     known = known_currencies(lakehouse)
-    raw = lakehouse.read(RAW_ORDERS)
+    # One snapshot of raw for both outputs, recorded on their commits: the live stream keeps
+    # appending to raw, and the blocking checks must compare with what this run read.
+    version = lakehouse.current_version(RAW_ORDERS)
+    read = {READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): version})}
+    raw = lakehouse.read(RAW_ORDERS, version)
     in_range = raw.where(
         (F.col("event_date") >= F.lit(start))
         & (F.col("event_date") < F.lit(end))
@@ -85,12 +92,12 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
     valid = with_unknown_currency(in_range, known).where(F.col("reject_reason").isNull())
     staged = latest_wins(valid).withColumn("_loaded_at", F.current_timestamp())
     rejects = staging_rejects(
-        with_unknown_currency(lakehouse.read_partitions(RAW_ORDERS, start, end), known).where(
-            F.col("reject_reason").isNotNull()
-        )
+        with_unknown_currency(
+            lakehouse.read_partitions(RAW_ORDERS, start, end, version), known
+        ).where(F.col("reject_reason").isNotNull())
     )
-    yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier())
-    yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier())
+    yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier(), metadata=read)
+    yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier(), metadata=read)
 
 
 def staging_rejects(rejected: DataFrame) -> DataFrame:

@@ -28,6 +28,7 @@ from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import DRIFT_THRESHOLD, setting
 from backfill_platform.tables import TABLES, Table
+from backfill_platform.transforms.orders import SOURCE_COORDINATES
 
 CHECK_NAME = "drift_vs_previous_version"
 
@@ -50,7 +51,8 @@ def run_commit_version(
 
 
 def _profile(df: DataFrame, column: str, key: str, measures: list[str]) -> dict[str, dict]:
-    columns = [c for c in df.columns if not c.startswith("_") and c != column]
+    skipped = {column, *SOURCE_COORDINATES}
+    columns = [c for c in df.columns if not c.startswith("_") and c not in skipped]
     return {
         r[column].isoformat(): r.asDict()
         for r in df.groupBy(column)

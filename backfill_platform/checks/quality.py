@@ -35,6 +35,7 @@ from backfill_platform.settings import (
     setting,
 )
 from backfill_platform.tables import STAGING_ORDERS, table
+from backfill_platform.transforms.orders import SOURCE_COORDINATES
 
 DAY = table(STAGING_ORDERS).partition_column  # event_date: the day every verdict is for
 
@@ -76,6 +77,7 @@ def staging_orders_quality(
     all_keys = daily_partitions.get_partition_keys_in_time_window(window)
     staged = lakehouse.read_partitions(STAGING_ORDERS, window.start.date(), window.end.date())
     columns = [c for c in staged.columns if not c.startswith("_") and c != DAY]
+    profiled = [c for c in columns if c not in SOURCE_COORDINATES]
     stats = {
         r[DAY].isoformat(): r.asDict()
         for r in staged.groupBy(DAY)
@@ -109,7 +111,7 @@ def staging_orders_quality(
         index = all_keys.index(key)
         history = [stats[k] for k in all_keys[max(0, index - trailing_days) : index] if k in stats]
         volume.append(_volume(key, rows, [h["rows"] for h in history], factor, min_history))
-        spikes.append(_null_spike(key, rows, nulls, history, columns, spike, min_history))
+        spikes.append(_null_spike(key, rows, nulls, history, profiled, spike, min_history))
 
     yield from record(
         context,

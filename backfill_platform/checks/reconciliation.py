@@ -6,6 +6,7 @@ numbers. Blocking: a failure skips every downstream asset of the run, and the li
 sensors hold the failing partitions (see automation/window_sensor.py).
 """
 
+import json
 from datetime import timedelta
 
 from dagster import AssetCheckExecutionContext, AssetKey, asset_check
@@ -22,6 +23,7 @@ from backfill_platform.checks.results import (
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.landing import ORDERS
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -126,20 +128,41 @@ def staging_accounts_for_raw(
     (latest wins), plus the versions each one superseded (`raw_versions` - 1 per order:
     duplicates and older updates), plus D's rows rejected for an unknown currency. Lines
     rejected at parsing carry no event day; the `rejects_match_raw` check counts them by
-    ingest day. Both sides read the current tables, so the equation cannot drift with
-    time: a raw row that arrived after staging was built makes it fail until staging is
-    rebuilt, which is what "staging does not account for raw" means.
+    ingest day. In the run that built staging, raw is read at the version staging read
+    (recorded on its commit): the live stream appends to raw while a backfill runs, and its
+    new rows are the next window run's, not this run's failure. A check run on its own
+    reads the current tables, so a raw row that arrived after staging was built makes it
+    fail until staging is rebuilt, which is what "staging does not account for raw" means.
     """
-    outcome, metrics = staging_vs_raw(lakehouse, run_partitions(context))
+    run = run_partitions(context)
+    raw_version = version_read(
+        lakehouse, STAGING_ORDERS, context.op_execution_context.run_id, RAW_ORDERS
+    )
+    outcome, metrics = staging_vs_raw(lakehouse, run, raw_version)
     log_partition_metrics(context, STAGING_ORDERS, metrics)
     yield from record(context, outcome, metrics=metrics)
 
 
-def staging_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
-    """The equation of `staging_accounts_for_raw` over `run`'s partitions."""
+def version_read(
+    lakehouse: LakehouseResource, key: AssetKey, run_id: str, source: AssetKey
+) -> int | None:
+    """The version of `source` that run `run_id`'s write of `key` was computed from (the
+    commit's READ_VERSIONS); None when the run did not write `key` (read the current one)."""
+    for commit in lakehouse.history(key, limit=100):
+        if commit["metadata"].get("dagster_run_id") == run_id:
+            read = json.loads(commit["metadata"].get(READ_VERSIONS) or "{}")
+            return read.get(source.to_user_string())
+    return None
+
+
+def staging_vs_raw(
+    lakehouse: LakehouseResource, run: DayRange, raw_version: int | None = None
+) -> Equation:
+    """The equation of `staging_accounts_for_raw` over `run`'s partitions, against raw at
+    `raw_version` (None: the current version)."""
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
-        lakehouse.read(RAW_ORDERS).where(in_range & F.col("reject_reason").isNull()),
+        lakehouse.read(RAW_ORDERS, raw_version).where(in_range & F.col("reject_reason").isNull()),
         known_currencies(lakehouse),
     )
     raw_counts = {
@@ -198,16 +221,22 @@ def staging_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
 def rejects_match_raw(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> CheckEvents:
-    """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency)."""
-    outcome, metrics = rejects_vs_raw(lakehouse, run_partitions(context))
+    """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
+    raw read at the version the run's staging write read (see `staging_accounts_for_raw`)."""
+    raw_version = version_read(
+        lakehouse, STAGING_REJECTS, context.op_execution_context.run_id, RAW_ORDERS
+    )
+    outcome, metrics = rejects_vs_raw(lakehouse, run_partitions(context), raw_version)
     log_partition_metrics(context, STAGING_REJECTS, metrics)
     yield from record(context, outcome, metrics=metrics)
 
 
-def rejects_vs_raw(lakehouse: LakehouseResource, run: DayRange) -> Equation:
-    """The equation of `rejects_match_raw` over `run`'s partitions."""
+def rejects_vs_raw(
+    lakehouse: LakehouseResource, run: DayRange, raw_version: int | None = None
+) -> Equation:
+    """The equation of `rejects_match_raw` over `run`'s partitions (raw at `raw_version`)."""
     raw = with_unknown_currency(
-        lakehouse.read_partitions(RAW_ORDERS, run.start, run.end),
+        lakehouse.read_partitions(RAW_ORDERS, run.start, run.end, raw_version),
         known_currencies(lakehouse),
     )
     expected = {

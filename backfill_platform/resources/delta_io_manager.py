@@ -29,6 +29,10 @@ from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
+# Output metadata key: the Delta version of each input table the output was computed from,
+# JSON {"raw/orders": 41}. Recorded on the commit so a check can read the same snapshot
+# while another writer (the live stream) keeps appending to the input.
+READ_VERSIONS = "read_versions"
 
 PARTITION_EXPR = "partition_expr"
 
@@ -157,14 +161,19 @@ def shadow_read_window(context: InputContext, twins: list[AssetKey]) -> TimeWind
 def commit_metadata(context: OutputContext) -> dict[str, str | None]:
     """Who wrote the commit and with which code (the lakehouse adds the partition range).
 
-    A deliberate source purge (assets/preservation.py) is recorded on the commit too.
+    A deliberate source purge (assets/preservation.py) and the input versions the output
+    was computed from are recorded on the commit too.
     """
-    purge = (context.output_metadata or {}).get(SOURCE_PURGE)
+    recorded = {}
+    for name in (SOURCE_PURGE, READ_VERSIONS):
+        value = (context.output_metadata or {}).get(name)
+        if value is not None:
+            recorded[name] = getattr(value, "value", value)
     return {
         "dagster_run_id": context.run_id,
         "asset_key": context.asset_key.to_user_string(),
         "code_version": context.asset_spec.code_version,
-        **({SOURCE_PURGE: getattr(purge, "value", purge)} if purge is not None else {}),
+        **recorded,
     }
 
 

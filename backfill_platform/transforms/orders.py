@@ -28,6 +28,10 @@ KAFKA_COLUMNS = {
     "kafka_offset": "bigint",
     "kafka_timestamp": "timestamp",
 }
+# Where a row came from: a landing file's line or a message's coordinates. Each source
+# leaves the other's NULL by design, so NULL-rate checks leave them out: a day the stream
+# feeds is not a NULL spike in file_name.
+SOURCE_COORDINATES = ("file_name", "line_number", *KAFKA_COLUMNS)
 
 FIELDS = (*REQUIRED_FIELDS, "customer_id")
 # A JSON text that parsed is an object iff its first non-whitespace character is "{"
