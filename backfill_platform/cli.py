@@ -84,12 +84,16 @@ from backfill_platform.operations.stream import (
     run_stream,
     stream_status,
 )
-from backfill_platform.operations.stream_process import StreamProcess, StreamProcessError
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
 from backfill_platform.resources.lakehouse import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
+from backfill_platform.resources.stream_process import (
+    TRIGGER_SECONDS,
+    StreamProcess,
+    StreamProcessError,
+)
 from backfill_platform.runner import (
     Executor,
     InProcessExecutor,
@@ -240,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument(
         "--trigger-seconds",
         type=float,
-        default=5.0,
+        default=TRIGGER_SECONDS,
         help="run/start: a micro-batch at most this often while messages arrive",
     )
     return parser

@@ -9,8 +9,15 @@ concurrency limits.
 
 from backfill_platform.automation.landing_sensor import landing_sensor
 from backfill_platform.automation.stale_sensor import stale_partitions_sensor
+from backfill_platform.automation.stream_sensor import stream_supervisor
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 
-all_sensors = [landing_sensor, rolling_window_sensor, stale_partitions_sensor]
+all_sensors = [landing_sensor, rolling_window_sensor, stale_partitions_sensor, stream_supervisor]
 
-__all__ = ["all_sensors", "landing_sensor", "rolling_window_sensor", "stale_partitions_sensor"]
+__all__ = [
+    "all_sensors",
+    "landing_sensor",
+    "rolling_window_sensor",
+    "stale_partitions_sensor",
+    "stream_supervisor",
+]

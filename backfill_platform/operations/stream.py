@@ -24,13 +24,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.resources.storage import join, list_dir
 from backfill_platform.tables import RAW_ORDERS, RAW_ORDERS_STREAM_COLUMN, table
 from backfill_platform.transforms.messages import parse_messages
 
-QUERY_NAME = "raw_orders_stream"
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
 STOP_GRACE_SECONDS = 90  # how long a stopping stream waits for its batch in flight
 

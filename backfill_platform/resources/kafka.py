@@ -21,6 +21,8 @@ from backfill_platform.settings import (
 )
 
 CLIENT_LOG = logging.getLogger("backfill_platform.kafka_client")
+# The stream's Structured Streaming query: its name, checkpoint directory and process files.
+QUERY_NAME = "raw_orders_stream"
 # librdkafka's retries ("coordinator load in progress") are not for the terminal; a caller
 # that configures logging still sees them.
 CLIENT_LOG.addHandler(logging.NullHandler())

@@ -6,6 +6,7 @@ it when it had committed. Nothing is lost, nothing is twice."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,18 +14,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance, build_sensor_context
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
+from backfill_platform.automation.stream_sensor import stream_supervisor
 from backfill_platform.operations.stream import catch_up
-from backfill_platform.operations.stream_process import StreamProcess
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.stream_process import StreamProcess
 from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import produce, shop_events
+from backfill_platform.tables import RAW_ORDERS
 from backfill_platform_tests.harness import spark_resource_for_tests
 from backfill_platform_tests.reliability.procs import REPO_ROOT
 from backfill_platform_tests.reliability.stream_child import BATCH_SIZE
+from backfill_platform_tests.reliability.stream_helpers import offsets, wait_for_offsets
 
 pytestmark = pytest.mark.reliability
 
@@ -94,6 +99,78 @@ def test_stream_process_started_stopped_and_started_again_keeps_every_offset_onc
     if size != "full":
         pytest.skip("stream start/stop/start: RELIABILITY_SIZE=full only")
     topic = "orders_process"
+    process, lake = _stream_home(broker, topic, tmp_path, monkeypatch)
+    launch = datetime(2024, 3, 1, tzinfo=UTC)
+    produced = []
+    for round_ in range(2):  # started, stopped, started again
+        produced += produce(
+            broker.bootstrap, topic, shop_events(launch, 4, 5, first_order=4 * round_)
+        )
+        assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
+        pid = process.pid()
+        assert pid is not None
+        wait_for_offsets(lake, topic, len(produced), process)
+        assert cli.main(["stream", "stop"]) == 0
+        assert process.pid() is None
+    held = offsets(lake, topic)
+    assert held == sorted((p.partition, p.offset) for p in produced)
+    figures["stream_process"] = {"messages": len(produced), "starts": 2, "rows": len(held)}
+
+
+def test_the_supervisor_sensor_restarts_a_killed_stream_and_leaves_a_stopped_one_alone(
+    figures, broker, tmp_path, spark, monkeypatch
+):
+    """`stream_supervisor` (the deployment's sensor) starts the stream when it is not
+    running; after a SIGKILL of its whole process group it reports the death on raw/orders
+    and starts it again, which resumes from the checkpoint (every offset once); after
+    `stream stop` it leaves the stream stopped and says why."""
+    topic = "orders_supervised"
+    process, lake = _stream_home(broker, topic, tmp_path, monkeypatch)
+    launch = datetime(2024, 4, 1, tzinfo=UTC)
+    with DagsterInstance.get() as instance:
+
+        def tick():
+            with build_sensor_context(instance=instance) as context:
+                return stream_supervisor(context)
+
+        produced = produce(broker.bootstrap, topic, shop_events(launch, 4, 5))
+        first = tick()
+        assert "started it" in first.skip_reason.skip_message and not first.asset_events
+        pid = process.pid()
+        assert pid is not None
+        assert "running" in tick().skip_reason.skip_message  # one stream, never two
+        wait_for_offsets(lake, topic, len(produced), process)
+
+        os.killpg(pid, signal.SIGKILL)  # the stream and its JVM, as an OOM killer would
+        _wait_until_gone(pid)
+        produced += produce(broker.bootstrap, topic, shop_events(launch, 4, 5, first_order=4))
+        second = tick()
+        assert "died" in second.skip_reason.skip_message, second.skip_reason
+        (death,) = second.asset_events
+        assert death.asset_key == RAW_ORDERS and death.metadata["died_pid"].value == pid
+        restarted = process.pid()
+        assert restarted not in (None, pid)
+        assert death.metadata["restarted_pid"].value == restarted
+        wait_for_offsets(lake, topic, len(produced), process)
+
+        assert cli.main(["stream", "stop"]) == 0
+        third = tick()
+        assert "stopped by `stream stop`" in third.skip_reason.skip_message
+        assert process.pid() is None
+    held = offsets(lake, topic)
+    assert held == sorted((p.partition, p.offset) for p in produced)  # each once
+    figures["stream_supervisor"] = {
+        "messages": len(produced),
+        "kills": 1,
+        "restarts": 1,
+        "lost": len(set(held) ^ {(p.partition, p.offset) for p in produced}),
+        "duplicated": len(held) - len(set(held)),
+    }
+
+
+def _stream_home(broker, topic: str, tmp_path: Path, monkeypatch):
+    """A DAGSTER_HOME, lakehouse and topic of the test's own, in the settings the CLI and
+    the stream process read; the process handle and a lakehouse to read raw with."""
     broker.create_topic(topic, 2)
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -106,44 +183,19 @@ def test_stream_process_started_stopped_and_started_again_keeps_every_offset_onc
         "PYTHONPATH": str(REPO_ROOT),
     }.items():
         monkeypatch.setenv(name, value)
-    process = StreamProcess(home / "stream")
     lake = LakehouseResource(root_dir=str(tmp_path / "lakehouse"), spark=spark_resource_for_tests())
-    launch = datetime(2024, 3, 1, tzinfo=UTC)
-    produced = []
-    for round_ in range(2):  # started, stopped, started again
-        produced += produce(
-            broker.bootstrap, topic, shop_events(launch, 4, 5, first_order=4 * round_)
-        )
-        assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
-        pid = process.pid()
-        assert pid is not None
-        _wait_for_offsets(lake, topic, len(produced), process)
-        assert cli.main(["stream", "stop"]) == 0
-        assert process.pid() is None
-    held = _offsets(lake, topic)
-    assert held == sorted((p.partition, p.offset) for p in produced)
-    figures["stream_process"] = {"messages": len(produced), "starts": 2, "rows": len(held)}
+    return StreamProcess(home / "stream"), lake
 
 
-def _offsets(lake: LakehouseResource, topic: str) -> list[tuple[int, int]]:
-    # Asked of the file system: this JVM's Delta would keep taking the path for no table
-    # once it found none there; a read of a table with a first commit looks for new ones.
-    first_commit = Path(lake.table_path("raw/orders")) / "_delta_log" / f"{0:020d}.json"
-    if not first_commit.is_file():
-        return []
-    rows = lake.read("raw/orders").where(F.col("kafka_topic") == topic)
-    return sorted((r[0], r[1]) for r in rows.select("kafka_partition", "kafka_offset").collect())
-
-
-def _wait_for_offsets(lake, topic: str, count: int, process, timeout: float = 600) -> None:
-    """Until raw holds `count` rows of `topic`; fails with the stream's log if it died."""
+def _wait_until_gone(pid: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(_offsets(lake, topic)) >= count:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             return
-        if process.pid() is None:
-            raise AssertionError(f"the stream process died:\n{process.log.read_text()[-3000:]}")
-        time.sleep(2)
-    raise AssertionError(
-        f"raw did not reach {count} rows of {topic}:\n{process.log.read_text()[-3000:]}"
-    )
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            os.waitpid(pid, 0)  # the test's cli started it: reap it, as init would
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"pid {pid} still alive {timeout} s after SIGKILL")
