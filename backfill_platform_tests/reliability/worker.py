@@ -23,9 +23,10 @@ os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
 from dagster import AssetKey, AssetSelection, DagsterInstance
 from pyspark.sql import functions as F
 
+from backfill_platform.checks import all_checks
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
-from backfill_platform.runner import backfill, materialize_range
+from backfill_platform.runner import BackfillFailed, backfill, materialize_range
 
 DATE_COLUMNS = {
     "raw/orders": "ingest_date",
@@ -164,6 +165,27 @@ def write_ranges(args: dict[str, Any]) -> None:
         events.emit("committed", job=n, tag=job["tag"], version=commit.version)
 
 
+def _failures(instance: DagsterInstance) -> str:
+    """The failed steps' errors, then the failed checks, of every run, for the test's report."""
+    steps, checks = [], []
+    for record in instance.get_run_records():
+        for entry in instance.all_logs(record.dagster_run.run_id):
+            event = entry.dagster_event
+            if event is None:
+                continue
+            if event.event_type_value == "STEP_FAILURE":
+                error = event.step_failure_data.error
+                while error.cause is not None:  # the user code's error, not Dagster's wrapper
+                    error = error.cause
+                steps.append(f"{event.step_key}: {error.message[:1500]}")
+            elif event.event_type_value == "ASSET_CHECK_EVALUATION":
+                evaluation = event.event_specific_data
+                if not evaluation.passed:
+                    actual = evaluation.metadata.get("actual")
+                    checks.append(f"check failed: {evaluation.check_name}: {actual}"[:300])
+    return "\n".join(steps + checks)
+
+
 class _Stopped(Exception):
     """The test asked the backfill to stop; it does so between two complete runs."""
 
@@ -195,9 +217,12 @@ def run_loop(args: dict[str, Any]) -> None:
                     instance,
                     per_run=args["per_run"],
                     on_run=lambda run: _stop_if(args["stop"], events),
+                    checks=all_checks if args.get("checks") else (),
                 )
             except _Stopped:
                 return
+            except BackfillFailed as failed:
+                raise BackfillFailed(f"{failed}\n{_failures(instance)}") from failed
             passes += 1
             events.emit("pass", passes=passes, runs=len(runs), seconds=time.time() - started)
         else:

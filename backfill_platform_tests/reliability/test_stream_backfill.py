@@ -1,0 +1,237 @@
+"""History loaded into the tables a live stream is writing (issue 32, contract 1.4): the
+stream runs as its detached process, fed at a steady rate, while a backfill of every layer
+(with its checks) rewrites the landing zone's history over the same tables in a process of
+its own. The export and the stream overlap on the launch day, and some orders come both
+ways. After both finish and the rolling window has folded the stream's days in: every
+offset in raw once, every landing line in raw, and staging, rejects and the marts equal to
+the contract's answer over landing files and messages together.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from dagster import DagsterInstance
+
+from backfill_platform import cli
+from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.reconcile import expected_fct_by_key, fct_by_key, reconcile_marts
+from backfill_platform.reference import StreamMessage, compute_contract_answer
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.stream_process import StreamProcess
+from backfill_platform.runner import backfill as run_backfill
+from backfill_platform.sources.generate import generate_landing
+from backfill_platform.sources.kafka_broker import kafka_broker
+from backfill_platform.sources.producer import Message, Produced, produce, shop_events
+from backfill_platform_tests.harness import spark_resource_for_tests
+from backfill_platform_tests.reliability.procs import REPO_ROOT, reap, spawn
+from backfill_platform_tests.reliability.stream_helpers import offsets, wait_for_offsets
+
+pytestmark = [pytest.mark.reliability, pytest.mark.slow]
+
+FIRST = datetime(2024, 1, 1, tzinfo=UTC)
+TOPIC = "orders"
+SIZES = {
+    # landing days, orders per landing day, backfill chunk, stream orders (before the
+    # backfill + during it), stream orders per day, messages per second during the backfill
+    "small": {
+        "days": 6,
+        "per_day": 10,
+        "per_run": 6,
+        "stream": (8, 16),
+        "stream_day": 10,
+        "rate": 1,
+    },
+    "full": {
+        "days": 366,
+        "per_day": 10,
+        "per_run": 31,
+        "stream": (100, 400),
+        "stream_day": 100,
+        "rate": 2,
+    },
+}
+OVERLAP = 5  # landing lines of the launch day that the stream also carries
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with kafka_broker(tmp_path_factory.mktemp("kafka") / "data", TOPIC, partitions=3) as b:
+        yield b
+
+
+def _overlap(landing, day, launch: datetime) -> list[Message]:
+    """The export's last lines sent again by the stream an hour after launch: the same
+    records both ways, on the same ingest day (the message wins, counted once)."""
+    folder = landing / "orders" / f"ingest_date={day.isoformat()}"
+    lines = [
+        line
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if line.startswith('{"order_id"')
+    ]
+    at = launch + timedelta(hours=1)
+    return [Message(json.loads(line)["order_id"], line, at, "overlap") for line in lines[:OVERLAP]]
+
+
+def _as_message(p: Produced) -> StreamMessage:
+    ms = int(p.message.timestamp.timestamp() * 1000)
+    return StreamMessage(p.topic, p.partition, p.offset, ms, p.message.value.encode())
+
+
+def _stream_commit_times(lake: LakehouseResource) -> list[float]:
+    history = lake.delta_table("raw/orders").history().select("timestamp", "userMetadata")
+    times = []
+    for row in history.collect():
+        metadata = json.loads(row["userMetadata"] or "{}")
+        if metadata.get("writer") == "stream":
+            times.append(row["timestamp"].replace(tzinfo=UTC).timestamp())
+    return sorted(times)
+
+
+def test_history_backfilled_beside_the_running_stream_equals_the_contract(
+    tmp_path, spark, size, figures, broker, monkeypatch
+):
+    cfg = SIZES[size]
+    last = (FIRST + timedelta(days=cfg["days"] - 1)).date()
+    launch = datetime(last.year, last.month, last.day, tzinfo=UTC)  # L: the export's last day
+    landing, lakehouse, home = tmp_path / "landing", tmp_path / "lake", tmp_path / "home"
+    home.mkdir()
+    generate_landing(landing, FIRST.date(), last, cfg["per_day"], seed=21, malformed_rate=0.02)
+    for name, value in {
+        "DAGSTER_HOME": str(home),
+        "BACKFILL_LAKEHOUSE_DIR": str(lakehouse),
+        "BACKFILL_LANDING_DIR": str(landing),
+        "BACKFILL_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "BACKFILL_ORDERS_TOPIC": TOPIC,
+        "PYTHONPATH": str(REPO_ROOT),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    before, during = cfg["stream"]
+    shop = shop_events(launch, before + during, seed=21, orders_per_day=cfg["stream_day"])
+    split = next(i for i, m in enumerate(shop) if m.key == f"s-21-{before:06d}")
+    produced = produce(broker.bootstrap, TOPIC, _overlap(landing, last, launch) + shop[:split])
+    process = StreamProcess(home / "stream")
+    assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
+    work = tmp_path / "workers"
+    stop = work / "stop"
+    backfill = spawn(
+        work,
+        "backfill",
+        "loop",
+        {
+            "landing": str(landing),
+            "lakehouse": str(lakehouse),
+            "role": "backfill",
+            "first": FIRST.date().isoformat(),
+            "last": last.isoformat(),
+            "per_run": cfg["per_run"],
+            "stop": str(stop),
+            "checks": True,
+        },
+    )
+    feed: list[Produced] = []
+    feeder = threading.Thread(
+        target=lambda: feed.extend(produce(broker.bootstrap, TOPIC, shop[split:], cfg["rate"]))
+    )
+    started = time.monotonic()
+    try:
+        backfill.wait("ready", timeout=900)
+        backfill.go()
+        feeder.start()  # the shop keeps selling while history is loaded
+        while not backfill.has("pass"):
+            backfill.check()
+            assert process.pid() is not None, process.log.read_text()[-3000:]
+            time.sleep(2)
+        stop.touch()
+        assert backfill.finish(timeout=900) == 0, backfill.log()
+        feeder.join(timeout=900)
+        produced += feed
+        lake = LakehouseResource(root_dir=str(lakehouse), spark=spark_resource_for_tests())
+        wait_for_offsets(lake, TOPIC, len(produced), process)
+    finally:
+        reap([backfill])
+        cli.main(["stream", "stop"])
+    assert process.pid() is None
+    backfill_events = backfill.events()
+    window = (
+        min(e["t"] for e in backfill_events if e["event"] in ("run", "pass")),
+        max(e["t"] for e in backfill_events if e["event"] == "pass"),
+    )
+
+    # The rolling window folds the stream's days in (the deployment's sensor would ask).
+    messages = [_as_message(p) for p in produced]
+    newest = max(max(m.ingest_date for m in messages), last)
+    resources = build_resources(str(landing), str(lakehouse), spark=spark_resource_for_tests())
+    with DagsterInstance.ephemeral() as instance:
+        run_backfill(all_assets, last.isoformat(), newest.isoformat(), resources, instance)
+
+    answer = compute_contract_answer(landing, last_date=newest, messages=messages)
+    held = offsets(lake, TOPIC)
+    expected = sorted((p.partition, p.offset) for p in produced)
+    commits = _stream_commit_times(lake)
+    inside = [t for t in commits if window[0] <= t <= window[1]]
+    gaps = [b - a for a, b in zip([window[0], *inside], [*inside, window[1]], strict=True)]
+    staged = {r["order_id"]: r for r in lake.read("staging/orders").collect()}
+    differing = [
+        order_id
+        for order_id, want in answer.staging.items()
+        if (got := staged.get(order_id)) is None
+        or (got["status"], got["amount"], got["event_date"], got["customer_id"])
+        != (want.status, want.amount, want.event_date, want.customer_id)
+        or (got["ingest_date"], got["file_name"], got["line_number"])
+        != (want.ingest_date, want.file_name, want.line_number)
+    ]
+    raw = lake.read("raw/orders")
+    landing_rows = {
+        r["ingest_date"]: r["count"]
+        for r in raw.where("kafka_topic IS NULL").groupBy("ingest_date").count().collect()
+    }
+    rejects = lake.read("staging/orders_rejects").collect()
+    reconciliation = reconcile_marts(lake, landing, FIRST.date(), newest, messages)
+    overlap_ids = {m.key for m in _overlap(landing, last, launch)}
+    stats = {
+        "landing_days": cfg["days"],
+        "landing_lines": sum(answer.raw_line_counts.values()),
+        "messages": len(expected),
+        "messages_during_backfill": len(feed),
+        "offsets_missing": len(set(expected) - set(held)),
+        "offsets_duplicated": len(held) - len(set(held)),
+        "stream_commits_during_backfill": len(inside),
+        "max_seconds_between_stream_commits": round(max(gaps), 1),
+        "backfill_seconds": round(window[1] - window[0], 1),
+        "orders_in_both_sources": len(overlap_ids),
+        "both_sources_won_by_message": sum(staged[i]["file_name"] is None for i in overlap_ids),
+        "staging_rows": len(staged),
+        "staging_expected": len(answer.staging),
+        "staging_differing": len(differing) + len(set(staged) - set(answer.staging)),
+        "marts_equal_contract": reconciliation.ok,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    figures.update(stats)
+    print(json.dumps(stats))
+
+    assert held == expected  # every offset once
+    assert landing_rows == answer.raw_line_counts  # every landing line, none lost
+    assert inside, "the stream committed nothing while the backfill ran"
+    assert stats["staging_differing"] == 0, differing[:5]
+    # An order in both sources is one staging row; where the export's line was the order's
+    # latest version, the stream's copy of it won (a message beats a line on one ingest day).
+    assert [i for i in overlap_ids if staged[i]["file_name"] is None]
+    assert sorted(
+        (r["ingest_date"], r["file_name"], r["line_number"], r["reason"])
+        for r in rejects
+        if r["kafka_topic"] is None
+    ) == sorted((r.ingest_date, r.file_name, r.line_number, r.reason) for r in answer.rejects)
+    assert sorted(
+        (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["reason"])
+        for r in rejects
+        if r["kafka_topic"] is not None
+    ) == sorted(answer.message_rejects)
+    assert fct_by_key(lake.read("marts/fct_daily_revenue").collect()) == expected_fct_by_key(answer)
+    assert reconciliation.ok, "\n".join(reconciliation.details)
