@@ -236,6 +236,21 @@ def validate(piece: bytes) -> dict:
     return {**doc, **times, "amount": amount, "customer_id": customer}
 
 
+def _valid_order(piece: bytes, known: set[str]) -> dict:
+    """`validate`, then the currency must be one with rates (or USD)."""
+    record = validate(piece)
+    if record["currency"] not in known:
+        raise _Invalid("unknown_currency")
+    return record
+
+
+def _keep_latest(winners: dict[str, tuple], entry: tuple) -> None:
+    """Latest wins: `entry` = (rank, record, ...) replaces a lower-ranked one of its order."""
+    current = winners.get(entry[1]["order_id"])
+    if current is None or entry[0] > current[0]:
+        winners[entry[1]["order_id"]] = entry
+
+
 def _read_rates(
     landing: Path, ignored: list[str]
 ) -> tuple[dict[tuple[date, str], Decimal], list[tuple[date, str, int, str]]]:
@@ -298,36 +313,27 @@ def compute_contract_answer(
                     continue
                 raw_counts[day] += 1
                 try:
-                    record = validate(piece)
-                    if record["currency"] not in known:
-                        raise _Invalid("unknown_currency")
+                    record = _valid_order(piece, known)
                 except _Invalid as invalid:
                     text = piece.decode("utf-8", "replace")
                     rejects.append(Reject(day, path.name, number, str(invalid), text))
                     continue
-                event_date = record["event_time"].date()
-                valid_per_day[event_date] += 1
+                valid_per_day[record["event_time"].date()] += 1
                 rank = (record["updated_at"], day, 0, 0, -1, -1, path.name, number)
-                current = winners.get(record["order_id"])
-                if current is None or rank > current[0]:
-                    winners[record["order_id"]] = (rank, record, day, path.name, number)
+                _keep_latest(winners, (rank, record, day, path.name, number))
     message_counts: dict[date, int] = defaultdict(int)
     message_rejects: list[tuple[str, int, int, str]] = []
     for m in messages:  # every value is a record: an empty one is invalid_json, not blank
         day = m.ingest_date
         message_counts[day] += 1
         try:
-            record = validate(m.value)
-            if record["currency"] not in known:
-                raise _Invalid("unknown_currency")
+            record = _valid_order(m.value, known)
         except _Invalid as invalid:
             message_rejects.append((m.topic, m.partition, m.offset, str(invalid)))
             continue
         valid_per_day[record["event_time"].date()] += 1
         rank = (record["updated_at"], day, 1, m.timestamp_ms, m.partition, m.offset, "", 0)
-        current = winners.get(record["order_id"])
-        if current is None or rank > current[0]:
-            winners[record["order_id"]] = (rank, record, day, None, None)
+        _keep_latest(winners, (rank, record, day, None, None))
     staging: dict[str, StagedOrder] = {}
     for order_id, (_, record, day, name, number) in winners.items():
         event_date = record["event_time"].date()

@@ -33,15 +33,20 @@ from backfill_platform.transforms.orders import SOURCE_COORDINATES
 CHECK_NAME = "drift_vs_previous_version"
 
 
+def run_commit(history: list[dict], run_id: str) -> dict | None:
+    """The commit run `run_id` made, in a table's `history` (newest first)."""
+    return next((c for c in history if c["metadata"].get("dagster_run_id") == run_id), None)
+
+
 def run_commit_version(
     lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: DayRange
 ) -> int | None:
     """The version this run committed; for a check run on its own, the newest commit that
     wrote any of the run's partitions."""
     history = lakehouse.history(key, limit=100)
-    for commit in history:
-        if commit["metadata"].get("dagster_run_id") == run_id:
-            return commit["version"]
+    commit = run_commit(history, run_id)
+    if commit is not None:
+        return commit["version"]
     for commit in history:
         meta = commit["metadata"]
         start, end = meta.get("partition_start"), meta.get("partition_end")

@@ -12,6 +12,7 @@ from datetime import timedelta
 from dagster import AssetCheckExecutionContext, AssetKey, asset_check
 from pyspark.sql import functions as F
 
+from backfill_platform.checks.drift import run_commit
 from backfill_platform.checks.results import (
     CheckEvents,
     CheckOutcome,
@@ -148,11 +149,10 @@ def version_read(
 ) -> int | None:
     """The version of `source` that run `run_id`'s write of `key` was computed from (the
     commit's READ_VERSIONS); None when the run did not write `key` (read the current one)."""
-    for commit in lakehouse.history(key, limit=100):
-        if commit["metadata"].get("dagster_run_id") == run_id:
-            read = json.loads(commit["metadata"].get(READ_VERSIONS) or "{}")
-            return read.get(source.to_user_string())
-    return None
+    commit = run_commit(lakehouse.history(key, limit=100), run_id)
+    if commit is None:
+        return None
+    return json.loads(commit["metadata"].get(READ_VERSIONS) or "{}").get(source.to_user_string())
 
 
 def staging_vs_raw(

@@ -19,6 +19,7 @@ from dagster import DagsterInstance
 
 from backfill_platform import cli
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.operations.stream import STREAM_WRITER
 from backfill_platform.reconcile import expected_fct_by_key, fct_by_key, reconcile_marts
 from backfill_platform.reference import StreamMessage, compute_contract_answer
 from backfill_platform.resources import LakehouseResource
@@ -93,13 +94,11 @@ def _as_message(p: Produced) -> StreamMessage:
 
 
 def _stream_commit_times(lake: LakehouseResource) -> list[float]:
-    history = lake.delta_table("raw/orders").history().select("timestamp", "userMetadata")
-    times = []
-    for row in history.collect():
-        metadata = json.loads(row["userMetadata"] or "{}")
-        if metadata.get("writer") == "stream":
-            times.append(row["timestamp"].replace(tzinfo=UTC).timestamp())
-    return sorted(times)
+    return sorted(
+        c["timestamp"].replace(tzinfo=UTC).timestamp()
+        for c in lake.history("raw/orders")
+        if c["metadata"].get("writer") == STREAM_WRITER
+    )
 
 
 def test_history_backfilled_beside_the_running_stream_equals_the_contract(
@@ -124,7 +123,8 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
     before, during = cfg["stream"]
     shop = shop_events(launch, before + during, seed=21, orders_per_day=cfg["stream_day"])
     split = next(i for i, m in enumerate(shop) if m.key == f"s-21-{before:06d}")
-    produced = produce(broker.bootstrap, TOPIC, _overlap(landing, last, launch) + shop[:split])
+    overlap = _overlap(landing, last, launch)
+    produced = produce(broker.bootstrap, TOPIC, overlap + shop[:split])
     process = StreamProcess(home / "stream")
     assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
     work = tmp_path / "workers"
@@ -203,7 +203,7 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
     }
     rejects = lake.read("staging/orders_rejects").collect()
     reconciliation = reconcile_marts(lake, landing, FIRST.date(), newest, messages)
-    overlap_ids = {m.key for m in _overlap(landing, last, launch)}
+    overlap_ids = {m.key for m in overlap}
     stats = {
         "landing_days": cfg["days"],
         "landing_lines": sum(answer.raw_line_counts.values()),
