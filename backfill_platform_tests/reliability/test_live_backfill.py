@@ -13,6 +13,7 @@ from datetime import date, timedelta
 import pytest
 from pyspark.sql import functions as F
 
+from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.reference import compute_contract_answer
 from backfill_platform.resources import LakehouseResource
@@ -123,10 +124,8 @@ def test_live_window_and_history_backfill_side_by_side(tmp_path, spark, size, fi
         stats["rows_checked"] += total
         stats["duplicate_keys"] += total - distinct
         # Every day of the range was built by some commit, at the boundary above all.
-        day = FIRST
-        while day <= last:
+        for day in DayRange.of_days(FIRST, last).days():
             stats["unbuilt_days"] += not lake.covers(table, day)
-            day += timedelta(days=1)
     answer = compute_contract_answer(landing, first_date=FIRST, last_date=last)
     staged = lake.read("staging/orders")
     stats["staging_vs_contract"] = [staged.count(), len(answer.staging)]
