@@ -7,6 +7,7 @@ from pathlib import Path
 from dagster import Definitions, in_process_executor
 
 from backfill_platform.assets import all_assets, shadow_assets
+from backfill_platform.assets.freshness import stream_freshness_policy, with_stream_freshness
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
 from backfill_platform.operations.launchpad import operations_jobs
@@ -132,7 +133,7 @@ def default_limiter_path(lakehouse_dir: str) -> str:
 
 
 defs = Definitions(
-    assets=[*all_assets, *shadow_assets],
+    assets=[*with_stream_freshness(all_assets, stream_freshness_policy()), *shadow_assets],
     asset_checks=all_checks,
     resources=build_resources(),
     jobs=[*all_jobs, *operations_jobs],

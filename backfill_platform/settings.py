@@ -66,6 +66,9 @@ KAFKA_BOOTSTRAP = EnvVar("BACKFILL_KAFKA_BOOTSTRAP")
 ORDERS_TOPIC = EnvVar("BACKFILL_ORDERS_TOPIC")
 # Most messages one stream micro-batch takes (Spark's maxOffsetsPerTrigger).
 STREAM_MAX_OFFSETS = EnvVar("BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH")
+# Seconds without a stream commit before raw/orders fails its freshness policy (WARN after
+# half); empty: no policy (a deployment without the stream). Read when definitions load.
+STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -114,6 +117,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
     "BACKFILL_ORDERS_TOPIC": "orders",
     "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH": "100000",
+    "BACKFILL_STREAM_FRESHNESS_SECONDS": "",
 }
 
 

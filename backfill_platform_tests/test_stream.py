@@ -230,3 +230,37 @@ def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
     )
     won = {r["order_id"]: r["status"] for r in latest_wins(rows).collect()}
     assert won == {"a": "message", "b": "p2", "c": "later day"}
+
+
+def test_stream_freshness_policy_only_on_raw_orders_and_only_when_set(monkeypatch):
+    """BACKFILL_STREAM_FRESHNESS_SECONDS: empty, no policy (a deployment without the stream);
+    set, raw/orders fails after it and warns after half of it; below Dagster's minute, refused
+    naming the variable. The daemon's evaluation: e2e/test_stream_freshness.py."""
+    from backfill_platform.assets import all_assets
+    from backfill_platform.assets.freshness import stream_freshness_policy, with_stream_freshness
+    from backfill_platform.settings import SettingError
+
+    def policies(assets) -> dict:
+        return {
+            spec.key: spec.freshness_policy
+            for a in assets
+            for spec in a.specs
+            if spec.freshness_policy is not None
+        }
+
+    monkeypatch.delenv("BACKFILL_STREAM_FRESHNESS_SECONDS", raising=False)
+    assert stream_freshness_policy() is None
+    assert policies(with_stream_freshness(all_assets, stream_freshness_policy())) == {}
+
+    monkeypatch.setenv("BACKFILL_STREAM_FRESHNESS_SECONDS", "600")
+    (key, policy), *others = policies(
+        with_stream_freshness(all_assets, stream_freshness_policy())
+    ).items()
+    assert key == RAW_ORDERS and not others
+    assert policy.fail_window.to_timedelta().total_seconds() == 600
+    assert policy.warn_window.to_timedelta().total_seconds() == 300
+
+    for bad in ("30", "ten minutes"):
+        monkeypatch.setenv("BACKFILL_STREAM_FRESHNESS_SECONDS", bad)
+        with pytest.raises(SettingError, match=f"BACKFILL_STREAM_FRESHNESS_SECONDS='{bad}'"):
+            stream_freshness_policy()

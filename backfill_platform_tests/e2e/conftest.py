@@ -45,6 +45,9 @@ BACKFILL_TIMEOUT = 900
 CRM_TOKEN = "scaled-out-crm-token"
 # The live machine's pace: above its reserve of 5/s, so at times the total limit binds too.
 LIVE_CALLS_PER_SECOND = 6
+# The shared deployment runs as a stream's deployment would: raw/orders has a freshness
+# policy of this many seconds (Dagster's shortest), the freshness daemon evaluates every 5 s.
+STREAM_FRESHNESS_SECONDS = 60
 
 
 # The modules that share the session deployment (fixtures `deployment`, `first_backfill`,
@@ -54,6 +57,7 @@ SHARED_DEPLOYMENT_MODULES = {
     "test_backfill_services.py",
     "test_cli_deployment.py",
     "test_scaled_out.py",
+    "test_stream_freshness.py",
     "test_ui_browser.py",
 }
 
@@ -127,7 +131,13 @@ def e2e_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def deployment(e2e_root) -> Iterator[Deployment]:
     """SQLite storage in DAGSTER_HOME (the default deploy/dagster.yaml), local Spark."""
-    deployment = start_deployment(e2e_root / "sqlite")
+    deployment = start_deployment(
+        e2e_root / "sqlite",
+        extra_env={
+            "BACKFILL_STREAM_FRESHNESS_SECONDS": str(STREAM_FRESHNESS_SECONDS),
+            "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5",
+        },
+    )
     yield deployment
     deployment.dagster.stop()
 
