@@ -19,28 +19,19 @@ from datetime import timedelta
 
 from dagster import AssetsDefinition, FreshnessPolicy
 
-from backfill_platform.settings import STREAM_FRESHNESS_SECONDS, SettingError, setting
+from backfill_platform.settings import STREAM_FRESHNESS_SECONDS, int_setting, setting
 from backfill_platform.tables import RAW_ORDERS
 
-# Dagster refuses windows under a minute.
+# Dagster refuses windows under a minute; a shorter setting is a SettingError naming it.
 MINIMUM_SECONDS = 60
 
 
 def stream_freshness_policy() -> FreshnessPolicy | None:
     """FAIL when the stream committed nothing for the setting's seconds, WARN after half of
     them (when that half is a minute or more); None when the setting is empty."""
-    text = setting(STREAM_FRESHNESS_SECONDS).strip()
-    if not text:
+    if not setting(STREAM_FRESHNESS_SECONDS).strip():
         return None
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = None
-    if seconds is None or seconds < MINIMUM_SECONDS:
-        raise SettingError(
-            f"{STREAM_FRESHNESS_SECONDS.env_var_name}={text!r}: not a whole number of seconds "
-            f">= {MINIMUM_SECONDS} (Dagster's shortest freshness window), or empty for none"
-        )
+    seconds = int_setting(STREAM_FRESHNESS_SECONDS, minimum=MINIMUM_SECONDS)
     warn = seconds // 2
     return FreshnessPolicy.time_window(
         fail_window=timedelta(seconds=seconds),
