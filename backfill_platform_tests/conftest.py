@@ -72,6 +72,14 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def spawned_jvms_compile_with_c1(spark):
+    """This process's JVM first, with the default JIT; then every JVM it spawns gets C1
+    alone (spark_jvm.SPAWNED_JIT says why), unless the caller set its own arguments."""
+    if os.environ["PYSPARK_SUBMIT_ARGS"] == submit_args():
+        os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(spawned=True)
+
+
 @pytest.fixture
 def platform(tmp_path, spark) -> Platform:
     return Platform.create(tmp_path)
