@@ -26,7 +26,9 @@ from dagster import (
 
 from backfill_platform import cli
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
+from backfill_platform.automation.freeze import FreezeRefused, active_freezes, freeze, unfreeze
 from backfill_platform.automation.landing_sensor import landing_sensor
+from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS
 from backfill_platform.automation.schedules import daily_live_schedule
 from backfill_platform.automation.stale_sensor import (
     AUTO_REPAIR_ENV,
@@ -42,6 +44,7 @@ from backfill_platform.automation.staleness import (
 from backfill_platform.automation.staleness import consecutive_spans as contiguous
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.ranges import DayRange
 from backfill_platform.reference import compute_contract_answer, customer_ltv_rows
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, RangeRun, RunReport
 from backfill_platform.tables import (
@@ -286,6 +289,62 @@ def test_rolling_window_is_one_ranged_run_that_yields_to_running_backfills(tmp_p
     materialized(CUSTOMER_LTV, 4, 5, 6)
     requests, skip, _ = daemon.tick(rolling_window_sensor)
     assert requests == [] and skip == f"window {_day(4)}..{_day(6)} already built after its raw"
+
+
+def test_frozen_days_are_left_alone_by_the_live_path_until_unfrozen(tmp_path):
+    """Issue 34's freeze: the window and landing sensors skip the days under correction,
+    say so in their tick, and take them up again once the freeze is lifted."""
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
+    daemon = Daemon(resources, instance)
+    lake = resources["lakehouse"]
+    for i in range(1, 7):
+        instance.report_runless_asset_event(AssetMaterialization(RAW_ORDERS, partition=_day(i)))
+    for i in (1, 2):
+        instance.report_runless_asset_event(AssetMaterialization(CUSTOMER_LTV, partition=_day(i)))
+
+    # The whole window (days 3..6) under correction: the tick waits, naming the freeze.
+    whole = freeze(instance, lake, DOWNSTREAM_KEYS, DayRange(_day(3), _day(6)), "INC-42")
+    assert {f.asset_key for f in whole} == set(DOWNSTREAM_KEYS)
+    assert {f.as_of_version for f in whole} == {None}  # no table yet: nothing to pin
+    requests, skip, _ = daemon.tick(rolling_window_sensor)
+    assert requests == [] and skip == (
+        f"window {_day(3)}..{_day(6)} is frozen by {whole[0].freeze_id} (INC-42); leaving it alone"
+    )
+    # Lifted, and days 3..4 frozen by another correction: the window is the days after them.
+    assert len(unfreeze(instance, DOWNSTREAM_KEYS, "wrong range", whole[0].freeze_id)) == len(
+        DOWNSTREAM_KEYS
+    )
+    freeze(instance, lake, [STAGING_ORDERS], DayRange(_day(3), _day(4)), "INC-43")
+    assert [(f.asset_key, f.days) for f in active_freezes(instance, DOWNSTREAM_KEYS)] == [
+        (STAGING_ORDERS, DayRange(_day(3), _day(4)))
+    ]
+    requests, _, _ = daemon.tick(rolling_window_sensor)
+    assert [_range(r) for r in requests] == [(_day(5), _day(6))]
+    with pytest.raises(FreezeRefused, match="no active freeze nosuch"):
+        unfreeze(instance, [STAGING_ORDERS], "typo", freeze_id="nosuch")
+
+    # The landing sensor holds a delivery into a frozen raw day, keeping it for later.
+    platform = Platform(tmp_path, tmp_path / "landing", tmp_path / "lake", instance, resources)
+    for i in (2, 3):
+        platform.write_rates(_day(i), {"EUR": "1.1"})
+        platform.write_orders(_day(i), [order_line(f"o{i}", f"{_day(i)}T10:00:00Z")])
+    raw = freeze(instance, lake, [RAW_ORDERS], DayRange(_day(3), _day(3)), "bad export")
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(2), _day(2))]
+    requests, skip, _ = daemon.tick(landing_sensor)
+    assert requests == [] and skip == (
+        "waiting for deliveries to complete or freezes to lift: "
+        f"{_day(3)}: frozen by {raw[0].freeze_id}"
+    )
+    unfreeze(instance, [RAW_ORDERS], "export fixed")
+    requests, _, _ = daemon.tick(landing_sensor)
+    assert [_range(r) for r in requests] == [(_day(3), _day(3))]
+    # Each freeze and lift is an observation on the asset, with what a reader needs.
+    (latest, *_) = instance.fetch_observations(RAW_ORDERS, limit=2).records
+    meta = latest.asset_observation.metadata
+    assert (meta["freeze_id"].value, meta["frozen"].value) == (raw[0].freeze_id, False)
+    assert active_freezes(instance, [RAW_ORDERS]) == []
 
 
 def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp_path):

@@ -18,9 +18,10 @@ from dagster import (
     sensor,
 )
 
+from backfill_platform.automation.freeze import frozen_days
 from backfill_platform.automation.live_jobs import raw_ingest_job
 from backfill_platform.partitions import daily_partitions
-from backfill_platform.ranges import ranges_of
+from backfill_platform.ranges import DayRange, ranges_of
 from backfill_platform.resources import LandingZoneResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import TRIGGER_TAG, range_tags
@@ -29,6 +30,7 @@ from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS
 
 # Each raw table and the kind of landing delivery it ingests.
 DELIVERIES = ((RAW_ORDERS, ORDERS), (RAW_FX_RATES, FX_RATES))
+RAW_TABLES = tuple(key for key, _ in DELIVERIES)
 
 
 def delivery_fingerprints(landing: LandingZoneResource) -> dict[str, str]:
@@ -97,13 +99,24 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
     if context.cursor is None:
         changed = [d for d in changed if not already_ingested(context.instance, landing, d)]
     waiting = incomplete_days(landing, changed)
+    # A delivery into a day under correction waits for the correction, like an incomplete
+    # one: it is ingested after cutover, rollback or unfreeze.
+    frozen = (
+        frozen_days(context.instance, RAW_TABLES, DayRange(min(changed), max(changed)))
+        if changed
+        else {}
+    )
+    waiting.update({day: f"frozen by {frozen[day].freeze_id}" for day in changed if day in frozen})
     changed = [d for d in changed if d not in waiting]
     # Waiting days keep their old fingerprint, so they are requested once complete.
     cursor = {**current, **{d: seen[d] for d in waiting if d in seen}}
     for day in waiting:
         if day not in seen:
             cursor.pop(day)
-    waits = "; ".join(f"{d}: {kind} not landed yet" for d, kind in sorted(waiting.items()))
+    waits = "; ".join(
+        f"{d}: {kind}" if kind.startswith("frozen") else f"{d}: {kind} not landed yet"
+        for d, kind in sorted(waiting.items())
+    )
     per_run = int(setting(PARTITIONS_PER_RUN))
     requests = []
     for days in (chunk for span in ranges_of(changed) for chunk in span.chunks(per_run)):
@@ -118,6 +131,8 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
     if not requests:
         reason = (
             f"waiting for the day's delivery to complete: {waits}"
+            if not frozen
+            else f"waiting for deliveries to complete or freezes to lift: {waits}"
             if waiting
             else f"no new or changed deliveries in {len(current)} days"
         )

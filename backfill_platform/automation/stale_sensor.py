@@ -9,6 +9,7 @@ would make the audit moot is queued or running; the sensor reads the audits' rep
 
 import json
 import time
+from datetime import date
 
 from dagster import (
     DagsterInstance,
@@ -21,6 +22,7 @@ from dagster import (
 )
 
 from backfill_platform.automation.active_runs import active_run_ids, blocked_days
+from backfill_platform.automation.freeze import frozen_days
 from backfill_platform.automation.live_jobs import (
     AUDIT_MARKER,
     DOWNSTREAM_KEYS,
@@ -163,9 +165,18 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
     if not report.stale:
         return SkipReason("no stale partitions")
     window = live_window(instance)
-    steps = report.plan(exclude=window.days() if window else [])
+    # Days under correction are rebuilt by the correction's cutover, not repaired here.
+    frozen = frozen_days(instance, DOWNSTREAM_KEYS)
+    left = sorted({f"{f.freeze_id} ({f.reason})" for f in frozen.values()})
+    exclude = [*(window.days() if window else []), *map(date.fromisoformat, frozen)]
+    steps = report.plan(exclude=exclude)
     if not steps:
-        return SkipReason(f"{report.summary()}: all inside the live window {window}")
+        where = f"all inside the live window {window}" + (
+            f" or frozen by {'; '.join(left)}" if left else ""
+        )
+        return SkipReason(f"{report.summary()}: {where}")
+    if left:
+        context.log.info(f"leaving frozen days alone: {'; '.join(left)}")
     plan = "; ".join(s.describe() for s in steps)
     if not auto_repair():
         return SkipReason(

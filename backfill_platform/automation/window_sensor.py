@@ -18,7 +18,13 @@ from dagster import (
 )
 
 from backfill_platform.automation.active_runs import active_raw_writes, blocked_days
-from backfill_platform.automation.live_jobs import RAW_KEYS, REACTS_TO_TAG, rolling_window_job
+from backfill_platform.automation.freeze import frozen_days
+from backfill_platform.automation.live_jobs import (
+    DOWNSTREAM_KEYS,
+    RAW_KEYS,
+    REACTS_TO_TAG,
+    rolling_window_job,
+)
 from backfill_platform.checks import blocking_check_keys
 from backfill_platform.checks.results import failed_partitions_by_check
 from backfill_platform.partitions import daily_partitions
@@ -164,6 +170,17 @@ def rolling_window_sensor(context: SensorEvaluationContext):
             runs = sorted(set(blocked.values()))
             return SkipReason(f"window days are being written by run(s) {runs}; waiting")
         window = DayRange(after_blocked[0], window.last)
+
+    # Days under correction are left to the correction: the window shrinks to the days
+    # after them, or the tick waits (cursor kept) until cutover, rollback or unfreeze.
+    frozen = frozen_days(instance, DOWNSTREAM_KEYS, window)
+    if frozen:
+        named = "; ".join(sorted({f"{f.freeze_id} ({f.reason})" for f in frozen.values()}))
+        after_frozen = [day for day in window.partition_keys() if day > max(frozen)]
+        if not after_frozen:
+            return SkipReason(f"window {window} is frozen by {named}; leaving it alone")
+        context.log.info(f"leaving frozen days {min(frozen)}..{max(frozen)} alone: {named}")
+        window = DayRange(after_frozen[0], window.last)
     reacts_to = sorted({r.partition_key for r in relevant})
     return SensorResult(
         run_requests=[
