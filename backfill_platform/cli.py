@@ -12,7 +12,10 @@
     report        a cutover's correction report for the numbers' owners: why, who, when, the
                   old and new values per day and in total, what was rebuilt (also in the UI)
     decommission  drop a shadow and VACUUM old files once the retention window has passed
-    history       per-partition commit log: run, code version, operation, reason
+    freeze        mark a range of the selection and everything downstream as under correction:
+                  the live path leaves it alone, consumers are told the version to read
+    unfreeze      lift a freeze (cutover and rollback lift theirs themselves)
+    history       per-partition commit log: run, code version, operation, reason; freezes
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
     stream        the live order stream into raw/orders: `catch-up` (every message available
                   now, then stop), `run` (until SIGTERM), `start` / `stop` (`run` detached),
@@ -45,8 +48,16 @@ from dataclasses import asdict
 from functools import cached_property
 from typing import Any
 
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
+from backfill_platform.automation.freeze import (
+    FreezeRefused,
+    active_freezes,
+    freeze,
+    lift_finished,
+    overlaps,
+    unfreeze,
+)
 from backfill_platform.automation.stale_repair import REPAIR_TRIGGER, run_repair
 from backfill_platform.automation.staleness import REPAIR_COMMAND, detect
 from backfill_platform.console import RunProgress, dagster_home, log_dir, logs_to_file, shown
@@ -115,6 +126,7 @@ REFUSALS = (
     RollbackRefused,
     ReportRefused,
     DecommissionRefused,
+    FreezeRefused,
     TableDropRefused,
     ValidationRefused,
     SettingError,
@@ -230,6 +242,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmd = command("report", "a cutover's correction report (Markdown)", ranged=False)
     cmd.add_argument("cutover_id", help="the cutover's id (printed by cutover)")
+    cmd = command("freeze", "mark a range as under correction (and what is downstream)")
+    cmd.add_argument("--reason", required=True, help="why (shown on every frozen asset)")
+    cmd.add_argument(
+        "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
+    )
+    cmd = command("unfreeze", "lift a freeze", ranged=False)
+    cmd.add_argument("--id", dest="freeze_id", default=None, help="the freeze (default: all)")
+    cmd.add_argument("--select", default=None, help="comma-separated asset keys (default: all)")
+    cmd.add_argument("--reason", required=True, help="why (shown on every asset it lifts)")
     command("history", "per-partition commit log")
     cmd = command("stale", "partitions built before late rows arrived", ranged=False)
     cmd.add_argument("--repair", action="store_true", help="run the targeted backfill")
@@ -491,7 +512,16 @@ def _cutover(session: Session, args) -> Outcome:
         for run in runs
     ] or ["  nothing downstream to rebuild"]
     lines += _backfill_lines(report)
-    if report.success:  # the one-page summary for the numbers' owners, in the UI too
+    if report.success:
+        # Finished: no longer under correction, before the report, the asset's newest word.
+        lifted = lift_finished(
+            session.instance,
+            session.lineage.expand(keys),
+            f"cutover {done.cutover_id} is live",
+            days=days,
+        )
+        lines += [f"  unfrozen {f.asset_key.to_user_string()} {f.days}" for f in lifted]
+        # The one-page summary for the numbers' owners, in the UI too.
         correction = correction_report(session.lake, session.instance, done.cutover_id)
         record_report(session.instance, correction)
         lines.append(f"  correction report: backfill-platform report {done.cutover_id}")
@@ -512,6 +542,13 @@ def _rollback(session: Session, args) -> Outcome:
             f"  {table.table}: restored to v{table.restored_to} (commit v{table.restore_version})"
         )
         lines += [f"    undone {commit}" for commit in table.undone_commits]
+    restored = [AssetKey.from_user_string(t.table) for t in undone.tables]
+    lifted = lift_finished(
+        session.instance,
+        session.lineage.expand(restored),
+        f"cutover {undone.cutover_id} rolled back",
+    )
+    lines += [f"  unfrozen {f.asset_key.to_user_string()} {f.days}" for f in lifted]
     return 0, undone.to_dict(), "\n".join(lines)
 
 
@@ -544,7 +581,31 @@ def _history(session: Session, args) -> Outcome:
         + (f" reason={e['reason']!r}" if e["reason"] else "")
         for e in entries
     ]
+    frozen = [f for f in active_freezes(session.instance, keys) if overlaps(f.days, days)]
+    lines += [f"FROZEN {f.describe()}" for f in frozen]
     return 0, entries, "\n".join(lines) or "no commits in range"
+
+
+def _freeze(session: Session, args) -> Outcome:
+    days = _days(args)
+    keys = session.lineage.expand(check_selection(session.lineage, _select(args)))
+    made = freeze(session.instance, session.lake, keys, days, args.reason)
+    lines = [f"froze {days} of {len(made)} asset(s) as {made[0].freeze_id}: {args.reason}"]
+    lines += [f"  {f.describe()}" for f in made]
+    lines.append(
+        "  the live path leaves these days alone until cutover, rollback or "
+        f"`backfill-platform unfreeze --id {made[0].freeze_id}`"
+    )
+    return 0, [f.to_dict() for f in made], "\n".join(lines)
+
+
+def _unfreeze(session: Session, args) -> Outcome:
+    selected = _select(args)
+    keys = check_selection(session.lineage, selected) if selected else session.lineage.toposorted()
+    lifted = unfreeze(session.instance, keys, args.reason, freeze_id=args.freeze_id)
+    lines = [f"lifted {len(lifted)} freeze(s): {args.reason}"]
+    lines += [f"  {f.asset_key.to_user_string()} {f.days} ({f.freeze_id})" for f in lifted]
+    return 0, [f.to_dict() for f in lifted], "\n".join(lines)
 
 
 def _stale(session: Session, args) -> Outcome:
@@ -635,6 +696,8 @@ COMMANDS = {
     "rollback": _rollback,
     "decommission": _decommission,
     "report": _report,
+    "freeze": _freeze,
+    "unfreeze": _unfreeze,
     "history": _history,
     "stale": _stale,
     "stream": _stream,

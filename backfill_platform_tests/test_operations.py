@@ -6,8 +6,10 @@ The correction runs as a shadow backfill of the marts, is validated, cut over at
 rebuilt downstream, rolled back, cut over again and decommissioned.
 """
 
+import contextlib
 import getpass
 import hashlib
+import io
 import json
 import threading
 from datetime import date
@@ -28,6 +30,7 @@ from pyspark.sql import functions as F
 import backfill_platform.assets.marts as marts_module
 from backfill_platform import cli
 from backfill_platform.assets import shadow_assets
+from backfill_platform.automation.freeze import active_freezes
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.cutover import CutoverRefused, cutover
@@ -100,9 +103,6 @@ def ops_env(tmp_path, spark, monkeypatch):
 
 
 def run_cli(*argv) -> tuple[int, object]:
-    import contextlib
-    import io
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         in_process = ["--in-process"] if argv[0] in cli.DEPLOYED_COMMANDS else []
@@ -195,6 +195,23 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
     old_usd = fct_usd(platform)
     marts = [FCT_DAILY_REVENUE, CUSTOMER_LTV]
     latest_before = {k: latest_materialization(platform, k) for k in marts}
+
+    # Freeze: days 2..6 of the marts (and what reads them) are under correction. The live
+    # path leaves them alone (test_automation.py) and readers are told the version to read.
+    status, frozen = run_cli(
+        "freeze", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--reason", "INC-42"
+    )
+    assert status == 0, frozen
+    (freeze_id,) = {f["freeze_id"] for f in frozen}
+    assert {f["asset"]: f["as_of_version"] for f in frozen if f["asset"] in versions} == versions
+    assert {f.asset_key for f in active_freezes(platform.instance, marts)} == set(marts)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli.main(["history", "--select", MARTS.split(",")[0], "--start", DAYS[1], "--end", DAYS[1]])
+    assert (
+        f"FROZEN marts/fct_daily_revenue {DAYS[1]}..{DAYS[5]} frozen by {freeze_id} (INC-42; "
+        f"{getpass.getuser()}): read versionAsOf {versions['marts/fct_daily_revenue']} meanwhile"
+    ) in printed.getvalue()
     status, shadow = run_cli(
         "shadow", "--select", MARTS, "--start", DAYS[1], "--end", DAYS[5], "--suffix", "fxfix"
     )
@@ -273,6 +290,7 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         stop.set()
         thread.join()
     assert status == 0, done
+    assert active_freezes(platform.instance, marts) == []  # the cutover finished it
     assert seen and all(len(s) == 1 and s <= {"old", "new"} for s in seen), seen
     # The cutover is what changes production in Dagster: a materialization of each swapped
     # partition on the production key, naming the shadow and the Delta versions.

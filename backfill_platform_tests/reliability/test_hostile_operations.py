@@ -56,6 +56,7 @@ CASES: list[tuple[str, list[str], str]] = [
             ("validate", ["--suffix", "fx"]),
             ("cutover", ["--suffix", "fx", "--reason", "r", "--force"]),
             ("history", []),
+            ("freeze", ["--reason", "r"]),
         )
         if not (cmd == "history" and sel == ",")  # history without a selection: every table
     ],
@@ -84,6 +85,7 @@ CASES: list[tuple[str, list[str], str]] = [
         for cmd, extra in (
             ("shadow", ["--suffix", "fx"]),
             ("cutover", ["--suffix", "fx", "--reason", "r", "--force"]),
+            ("freeze", ["--reason", "r"]),
         )
     ],
     *[
@@ -100,6 +102,8 @@ CASES: list[tuple[str, list[str], str]] = [
         for cmd, extra in (
             ("cutover", ["--select", MARTS, *RANGE, "--suffix", "fx", "--force"]),
             ("rollback", []),
+            ("freeze", ["--select", MARTS, *RANGE]),
+            ("unfreeze", []),
         )
     ],
     (
@@ -111,6 +115,12 @@ CASES: list[tuple[str, list[str], str]] = [
         "cutover of a shadow never validated",
         ["cutover", "--select", MARTS, *RANGE, "--suffix", "fx", "--reason", "r"],
         "never validated",
+    ),
+    ("unfreeze with no freeze", ["unfreeze", "--reason", "r"], "no active freeze"),
+    (
+        "unfreeze of an unknown freeze",
+        ["unfreeze", "--id", "nope", "--select", MARTS, "--reason", "r"],
+        "no active freeze nope",
     ),
     (
         "rollback of an unknown cutover",
