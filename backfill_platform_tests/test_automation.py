@@ -15,6 +15,7 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    DefaultScheduleStatus,
     Definitions,
     RunRequest,
     SensorResult,
@@ -403,14 +404,26 @@ def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp
     )
 
 
-def test_daily_schedule_builds_yesterdays_utc_partition_at_two():
+def test_daily_schedule_builds_yesterdays_utc_partition_at_two_unless_it_is_frozen(tmp_path):
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
     context = build_schedule_context(
-        scheduled_execution_time=datetime(2024, 1, 15, 2, 0, tzinfo=UTC)
+        instance=instance,
+        scheduled_execution_time=datetime(2024, 1, 15, 2, 0, tzinfo=UTC),
+        repository_def=_defs(resources).get_repository_def(),
     )
     (request,) = daily_live_schedule.evaluate_tick(context).run_requests
     assert request.partition_key == "2024-01-14"
+    assert request.tags["backfill_platform/trigger"] == "daily-schedule"
     assert daily_live_schedule.cron_schedule == "0 2 * * *"
     assert daily_live_schedule.execution_timezone == "UTC"
+    assert daily_live_schedule.default_status == DefaultScheduleStatus.STOPPED
+
+    lake = resources["lakehouse"]
+    (made, *_) = freeze(instance, lake, [CUSTOMER_LTV], DayRange(_day(10), _day(20)), "INC-44")
+    tick = daily_live_schedule.evaluate_tick(context)
+    assert not tick.run_requests
+    assert tick.skip_message == f"2024-01-14 is frozen by {made.freeze_id} (INC-44)"
 
 
 # -- slow: the live path end to end --------------------------------------------------------
