@@ -341,6 +341,8 @@ def test_frozen_days_are_left_alone_by_the_live_path_until_unfrozen(tmp_path):
     unfreeze(instance, [RAW_ORDERS], "export fixed")
     requests, _, _ = daemon.tick(landing_sensor)
     assert [_range(r) for r in requests] == [(_day(3), _day(3))]
+    requests, skip, _ = daemon.tick(landing_sensor)
+    assert requests == [] and skip == "no new or changed deliveries in 2 days"
     # Each freeze and lift is an observation on the asset, with what a reader needs.
     (latest, *_) = instance.fetch_observations(RAW_ORDERS, limit=2).records
     meta = latest.asset_observation.metadata

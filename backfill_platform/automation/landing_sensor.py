@@ -98,25 +98,23 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
     changed = [d for d, fp in current.items() if seen.get(d) != fp]
     if context.cursor is None:
         changed = [d for d in changed if not already_ingested(context.instance, landing, d)]
-    waiting = incomplete_days(landing, changed)
-    # A delivery into a day under correction waits for the correction, like an incomplete
-    # one: it is ingested after cutover, rollback or unfreeze.
+    # Day -> why it waits. A delivery into a day under correction waits for the correction,
+    # like an incomplete one: it is ingested after cutover, rollback or unfreeze.
+    waiting = {d: f"{kind} not landed yet" for d, kind in incomplete_days(landing, changed).items()}
     frozen = (
         frozen_days(context.instance, RAW_TABLES, DayRange(min(changed), max(changed)))
         if changed
         else {}
     )
-    waiting.update({day: f"frozen by {frozen[day].freeze_id}" for day in changed if day in frozen})
+    held = {day: f"frozen by {frozen[day].freeze_id}" for day in changed if day in frozen}
+    waiting.update(held)
     changed = [d for d in changed if d not in waiting]
     # Waiting days keep their old fingerprint, so they are requested once complete.
     cursor = {**current, **{d: seen[d] for d in waiting if d in seen}}
     for day in waiting:
         if day not in seen:
             cursor.pop(day)
-    waits = "; ".join(
-        f"{d}: {kind}" if kind.startswith("frozen") else f"{d}: {kind} not landed yet"
-        for d, kind in sorted(waiting.items())
-    )
+    waits = "; ".join(f"{d}: {why}" for d, why in sorted(waiting.items()))
     per_run = int(setting(PARTITIONS_PER_RUN))
     requests = []
     for days in (chunk for span in ranges_of(changed) for chunk in span.chunks(per_run)):
@@ -129,13 +127,12 @@ def landing_sensor(context: SensorEvaluationContext, landing: LandingZoneResourc
             )
         )
     if not requests:
-        reason = (
-            f"waiting for the day's delivery to complete: {waits}"
-            if not frozen
-            else f"waiting for deliveries to complete or freezes to lift: {waits}"
-            if waiting
-            else f"no new or changed deliveries in {len(current)} days"
-        )
+        if held:
+            reason = f"waiting for deliveries to complete or freezes to lift: {waits}"
+        elif waiting:
+            reason = f"waiting for the day's delivery to complete: {waits}"
+        else:
+            reason = f"no new or changed deliveries in {len(current)} days"
         return SensorResult(
             skip_reason=SkipReason(reason),
             cursor=json.dumps(cursor, sort_keys=True),
