@@ -55,7 +55,6 @@ from backfill_platform.automation.freeze import (
     active_freezes,
     freeze,
     lift_finished,
-    overlaps,
     unfreeze,
 )
 from backfill_platform.automation.stale_repair import REPAIR_TRIGGER, run_repair
@@ -581,7 +580,7 @@ def _history(session: Session, args) -> Outcome:
         + (f" reason={e['reason']!r}" if e["reason"] else "")
         for e in entries
     ]
-    frozen = [f for f in active_freezes(session.instance, keys) if overlaps(f.days, days)]
+    frozen = [f for f in active_freezes(session.instance, keys) if f.days.overlaps(days)]
     lines += [f"FROZEN {f.describe()}" for f in frozen]
     return 0, entries, "\n".join(lines) or "no commits in range"
 

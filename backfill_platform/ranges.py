@@ -106,6 +106,9 @@ class DayRange:
     def __str__(self) -> str:
         return f"{self.first}{SEPARATOR}{self.last}"
 
+    def overlaps(self, other: DayRange) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
     def chunks(self, per_run: int) -> list[DayRange]:
         """Consecutive sub-ranges of at most `per_run` partitions, oldest first."""
         keys = self.partition_keys()

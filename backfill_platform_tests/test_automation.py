@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from dagster import (
     AssetMaterialization,
+    AssetObservation,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -27,7 +28,14 @@ from dagster import (
 
 from backfill_platform import cli
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
-from backfill_platform.automation.freeze import FreezeRefused, active_freezes, freeze, unfreeze
+from backfill_platform.automation.freeze import (
+    OBSERVATIONS_PER_PAGE,
+    FreezeRefused,
+    active_freezes,
+    freeze,
+    frozen_days,
+    unfreeze,
+)
 from backfill_platform.automation.landing_sensor import landing_sensor
 from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS
 from backfill_platform.automation.schedules import daily_live_schedule
@@ -348,6 +356,18 @@ def test_frozen_days_are_left_alone_by_the_live_path_until_unfrozen(tmp_path):
     meta = latest.asset_observation.metadata
     assert (meta["freeze_id"].value, meta["frozen"].value) == (raw[0].freeze_id, False)
     assert active_freezes(instance, [RAW_ORDERS]) == []
+
+
+def test_a_freeze_outlives_a_thousand_later_observations_of_its_asset(tmp_path):
+    """Staleness audits observe staging every 30 minutes: a freeze of weeks ago is still
+    found behind more than one page of them."""
+    instance = _instance(tmp_path / "home")
+    lake = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))["lakehouse"]
+    (made,) = freeze(instance, lake, [STAGING_ORDERS], DayRange(_day(3), _day(4)), "INC-45")
+    for i in range(OBSERVATIONS_PER_PAGE + 1):
+        instance.report_runless_asset_event(AssetObservation(STAGING_ORDERS, metadata={"i": i}))
+    assert [f.freeze_id for f in active_freezes(instance, [STAGING_ORDERS])] == [made.freeze_id]
+    assert sorted(frozen_days(instance, [STAGING_ORDERS])) == [_day(3), _day(4)]
 
 
 def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp_path):

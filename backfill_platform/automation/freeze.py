@@ -14,18 +14,18 @@ from __future__ import annotations
 import getpass
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from dagster import AssetKey, AssetObservation, DagsterInstance, MetadataValue
+from dagster import AssetKey, AssetObservation, DagsterInstance, EventLogRecord, MetadataValue
 
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 
 FREEZE_ID = "freeze_id"
 FROZEN = "frozen"
-# How many observations of an asset are read to find its freezes (newest first).
-OBSERVATIONS_READ = 1000
+# Observations of an asset read per query while looking for its freezes.
+OBSERVATIONS_PER_PAGE = 1000
 
 
 class FreezeRefused(ValueError):
@@ -118,7 +118,7 @@ def unfreeze(
         item
         for item in active_freezes(instance, keys)
         if (freeze_id is None or item.freeze_id == freeze_id)
-        and (days is None or overlaps(item.days, days))
+        and (days is None or item.days.overlaps(days))
     ]
     if not lifted:
         what = f"freeze {freeze_id}" if freeze_id else "freeze"
@@ -158,8 +158,7 @@ def active_freezes(instance: DagsterInstance, keys: Iterable[AssetKey]) -> list[
     found: list[Freeze] = []
     for key in keys:
         latest: dict[str, tuple[bool, Freeze | None]] = {}
-        records = instance.fetch_observations(key, limit=OBSERVATIONS_READ).records
-        for record in records:  # newest first: the first word on a freeze id is the latest
+        for record in _observations(instance, key):  # newest first: the first word wins
             meta = record.asset_observation.metadata
             if FREEZE_ID not in meta:
                 continue
@@ -186,18 +185,25 @@ def active_freezes(instance: DagsterInstance, keys: Iterable[AssetKey]) -> list[
     return sorted(found, key=lambda item: item.at)
 
 
+def _observations(instance: DagsterInstance, key: AssetKey) -> Iterator[EventLogRecord]:
+    """Every observation of `key`, newest first: a freeze of six months ago still counts
+    after thousands of staleness audits and plans observed on the same asset since."""
+    cursor = None
+    while True:
+        page = instance.fetch_observations(key, limit=OBSERVATIONS_PER_PAGE, cursor=cursor)
+        yield from page.records
+        if not page.has_more:
+            return
+        cursor = page.cursor
+
+
 def frozen_days(
     instance: DagsterInstance, keys: Iterable[AssetKey], days: DayRange | None = None
 ) -> dict[str, Freeze]:
     """The partition keys (of `days`, or all) that an active freeze of any of `keys` covers."""
-    wanted = set(days.partition_keys()) if days is not None else None
     covered: dict[str, Freeze] = {}
     for item in active_freezes(instance, keys):
         for day in item.days.partition_keys():
-            if wanted is None or day in wanted:
+            if days is None or day in days:
                 covered.setdefault(day, item)
     return covered
-
-
-def overlaps(a: DayRange, b: DayRange) -> bool:
-    return a.first <= b.last and b.first <= a.last
