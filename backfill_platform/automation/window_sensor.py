@@ -4,6 +4,7 @@ Spark-free: it reads raw and LTV materializations, blocking check results and th
 progress from the instance; the rebuild runs in the requested `rolling_window_job` run.
 """
 
+from collections.abc import Iterable
 from datetime import date, timedelta
 
 from dagster import (
@@ -96,6 +97,12 @@ def reach_back_for_ltv(instance: DagsterInstance, first: str) -> str:
     return DayRange.parse(max(good)).end.isoformat() if good else start
 
 
+def days_after(window: DayRange, taken: Iterable[str]) -> DayRange | None:
+    """The window's days after the last of `taken` (partition keys), None if none are."""
+    rest = [day for day in window.partition_keys() if day > max(taken)]
+    return DayRange(rest[0], window.last) if rest else None
+
+
 @sensor(
     job=rolling_window_job,
     minimum_interval_seconds=30,
@@ -165,22 +172,22 @@ def rolling_window_sensor(context: SensorEvaluationContext):
 
     blocked = {day: run for day, run in blocked_days(instance).items() if day in window}
     if blocked:
-        after_blocked = [day for day in window.partition_keys() if day > max(blocked)]
-        if not after_blocked:
+        rest = days_after(window, blocked)
+        if rest is None:
             runs = sorted(set(blocked.values()))
             return SkipReason(f"window days are being written by run(s) {runs}; waiting")
-        window = DayRange(after_blocked[0], window.last)
+        window = rest
 
     # Days under correction are left to the correction: the window shrinks to the days
     # after them, or the tick waits (cursor kept) until cutover, rollback or unfreeze.
     frozen = frozen_days(instance, DOWNSTREAM_KEYS, window)
     if frozen:
         named = "; ".join(sorted({f"{f.freeze_id} ({f.reason})" for f in frozen.values()}))
-        after_frozen = [day for day in window.partition_keys() if day > max(frozen)]
-        if not after_frozen:
+        rest = days_after(window, frozen)
+        if rest is None:
             return SkipReason(f"window {window} is frozen by {named}; leaving it alone")
         context.log.info(f"leaving frozen days {min(frozen)}..{max(frozen)} alone: {named}")
-        window = DayRange(after_frozen[0], window.last)
+        window = rest
     reacts_to = sorted({r.partition_key for r in relevant})
     return SensorResult(
         run_requests=[
