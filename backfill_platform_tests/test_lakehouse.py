@@ -2,11 +2,14 @@
 
 from datetime import date
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 from pyspark.sql import functions as F
 
+from backfill_platform.operations.decommission import decommission
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.delta_files import ZeroCopyUnavailable
 from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
 from backfill_platform_tests.harness import spark_resource_for_tests
 
@@ -24,8 +27,8 @@ def _days(spark, rows):
     )
 
 
-def _table(lake):
-    return sorted((str(r["d"]), r["v"]) for r in lake.read(TABLE).collect())
+def _table(lake, name=TABLE):
+    return sorted((str(r["d"]), r["v"]) for r in lake.read(name).collect())
 
 
 def test_replace_range_replaces_exactly_the_range_and_is_idempotent(lake, spark):
@@ -177,3 +180,75 @@ def test_a_uri_root_is_addressed_as_a_uri(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no `s3a:` folder appeared in the working dir
     local = LakehouseResource(root_dir=str(tmp_path / "lake"), spark=spark_resource_for_tests())
     assert local.table_path("raw/orders") == str((tmp_path / "lake" / "raw" / "orders").resolve())
+
+
+FCT = "marts/fct_daily_revenue"  # a registered table: decommission finds its shadows
+
+
+def _range_inodes(lake, name, first, last):
+    files = lake.read_range(name, "d", first, last).select("_metadata.file_path").distinct()
+    stats = [Path(unquote(urlparse(r[0]).path)).stat() for r in files.collect()]
+    return {(s.st_ino, s.st_nlink) for s in stats}
+
+
+def test_zero_copy_cutover_adopts_the_shadows_files_and_outlives_the_shadow(lake, spark):
+    """Issue 34: the range's files are the shadow's own (no data written), one commit;
+    dropping the shadow and VACUUMing production to zero retention leaves every partition
+    of production readable."""
+    first, last = date(2024, 1, 2), date(2024, 1, 4)
+    lake.replace_range(
+        FCT, _days(spark, [(f"2024-01-0{d}", d) for d in range(1, 6)]), "d",
+        date(2024, 1, 1), date(2024, 1, 6), {},
+    )  # fmt: skip
+    shadow = lake.shadowing("fix", [FCT])
+    shadow.replace_range(
+        FCT, _days(spark, [("2024-01-02", 20), ("2024-01-03", 30)]), "d", first, last, {}
+    )
+    before = lake.current_version(FCT)
+    commit = lake.adopt_range(
+        FCT, shadow, "d", first, last, {"operation": "cutover", "shadow_suffix": "fix"},
+        source_version=shadow.current_version(FCT),
+    )  # fmt: skip
+    expected = [("2024-01-01", 1), ("2024-01-02", 20), ("2024-01-03", 30), ("2024-01-04", 4),
+                ("2024-01-05", 5)]  # fmt: skip
+    assert _table(lake, FCT) == expected
+    assert commit.version == before + 1
+    assert (commit.rows_written, commit.rows_removed) == (2, 2)
+    assert (commit.files_written, commit.files_removed, commit.bytes_written) == (2, 2, 0)
+    # Each production file of the range is the shadow's file: same inode, two links.
+    adopted = _range_inodes(lake, FCT, first, last)
+    assert adopted == _range_inodes(shadow, FCT, first, last)
+    assert {links for _, links in adopted} == {2}
+    (latest,) = lake.history(FCT, limit=1)
+    assert latest["operation"] == "Manual Update" and latest["metadata"]["operation"] == "cutover"
+    assert (latest["metadata"]["partition_start"], latest["metadata"]["partition_end"]) == (
+        "2024-01-02",
+        "2024-01-04",
+    )
+
+    gone = decommission(
+        lake, "fix", retention_hours=0, vacuum_retention_hours=0, shorten_history=True
+    )
+    assert gone.dropped == [f"{FCT}__shadow_fix"] and gone.vacuumed == [FCT]
+    assert not Path(shadow.table_path(FCT)).exists()
+    assert lake.missing_files(FCT, before)  # VACUUM did run: the replaced files are gone
+    assert _table(lake, FCT) == expected
+    assert {links for _, links in _range_inodes(lake, FCT, first, last)} == {1}
+
+
+def test_zero_copy_where_it_cannot_apply_is_refused_and_touches_nothing(lake, spark, tmp_path):
+    day = (date(2024, 1, 1), date(2024, 1, 2))
+    lake.replace_range(FCT, _days(spark, [("2024-01-01", 1)]), "d", *day, {})
+    shadow = lake.shadowing("fix", [FCT])
+    wider = _days(spark, [("2024-01-01", 2)]).withColumn("note", F.lit("x"))
+    shadow.replace_range(FCT, wider, "d", *day, {})
+    version, files = lake.current_version(FCT), sorted(Path(lake.table_path(FCT)).rglob("*"))
+    with pytest.raises(ZeroCopyUnavailable, match="schema differs"):
+        lake.adopt_range(FCT, shadow, "d", *day, {})
+    with pytest.raises(ZeroCopyUnavailable, match="not both partitioned by v alone"):
+        lake.adopt_range(FCT, shadow, "v", *day, {})
+    assert lake.current_version(FCT) == version
+    assert sorted(Path(lake.table_path(FCT)).rglob("*")) == files
+    remote = LakehouseResource(root_dir="s3a://bucket/lake", spark=spark_resource_for_tests())
+    assert "object store" in remote.zero_copy_blocker(FCT, remote.shadowing("fix", [FCT]), "d")
+    assert "second writer" in lake.zero_copy_blocker("raw/orders", shadow, "event_date")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import random
 import time
 import uuid
@@ -42,6 +43,11 @@ from pyspark.sql.types import StructType
 
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.refusals import refusal
+from backfill_platform.resources.delta_files import (
+    ZeroCopyUnavailable,
+    range_files,
+    swap_range,
+)
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
@@ -78,6 +84,7 @@ class CommitInfo:
     files_removed: int
     rows_removed: int
     user_metadata: dict[str, Any]
+    bytes_written: int = 0  # data bytes (numOutputBytes); a zero-copy commit writes none
 
 
 @dataclass(frozen=True)
@@ -368,6 +375,127 @@ class LakehouseResource(ConfigurableResource):
                 return self._find_commit(key, token)
 
         return self._retrying_conflicts(name, f"[{start}, {end})", attempt)
+
+    def adopt_range(
+        self,
+        key: AssetKey | str,
+        source: LakehouseResource,
+        partition_column: str,
+        start: date,
+        end: date,
+        user_metadata: Mapping[str, Any],
+        source_version: int | None = None,
+    ) -> CommitInfo:
+        """Replace the range's files by `source`'s files of the range, copying no data.
+
+        `source` is this lakehouse routed to a shadow (`shadowing`). Its files are hard-linked
+        into this table's directory under their own names, then one Delta commit removes the
+        range's old files and adds the links (delta_files.py). Links rather than absolute
+        paths into the shadow (what Delta's SHALLOW CLONE writes): production owns every file
+        it reads, so dropping or VACUUMing the shadow can never delete one of them, and
+        VACUUM of production leaves the shadow whole. Raises ZeroCopyUnavailable, nothing
+        committed or linked, where that cannot apply (`zero_copy_blocker`, deletion vectors,
+        or a shadow that moved past `source_version`).
+        """
+        name = _name(key)
+        blocker = self.zero_copy_blocker(key, source, partition_column)
+        if blocker:
+            raise ZeroCopyUnavailable(blocker)
+        target = Path(self.table_path(key))
+        origin = Path(source.table_path(key))
+        in_range = _range_predicate(partition_column, start, end)
+        token = uuid.uuid4().hex
+        metadata = {
+            **user_metadata,
+            "table": name,
+            "partition_column": partition_column,
+            "partition_start": start.isoformat(),
+            "partition_end": end.isoformat(),
+            "commit_token": token,
+        }
+        with self.table_lock(key):
+            files = range_files(self.session, str(origin), in_range)
+            if source_version is not None and files.version != source_version:
+                raise ZeroCopyUnavailable(
+                    f"{source.storage_name(key)} is at v{files.version}, not v{source_version}"
+                )
+            unusable = [
+                a["path"]
+                for a in files.adds
+                if a.get("deletionVector") or is_uri(a["path"]) or a["path"].startswith("/")
+            ]
+            if unusable:
+                raise ZeroCopyUnavailable(
+                    f"{len(unusable)} shadow file(s) carry deletion vectors or absolute paths"
+                )
+            linked: list[Path] = []
+
+            def link_files() -> None:
+                for add in files.adds:
+                    relative = unquote(add["path"])
+                    made = target / relative
+                    made.parent.mkdir(parents=True, exist_ok=True)
+                    if made.exists():  # a cutover interrupted after linking: the same file
+                        if not made.samefile(origin / relative):
+                            raise ZeroCopyUnavailable(f"{name}: {relative} exists in production")
+                        continue
+                    os.link(origin / relative, made)
+                    linked.append(made)
+
+            try:
+                swap = swap_range(
+                    self.session, str(target), in_range, files.adds, metadata, link_files
+                )
+            except BaseException:
+                for made in linked:  # no commit references them
+                    made.unlink(missing_ok=True)
+                raise
+        rows_written = swap.rows_added
+        if rows_written is None:
+            rows_written = source.read_range(
+                key, partition_column, start, end, files.version
+            ).count()
+        rows_removed = swap.rows_removed
+        if rows_removed is None:
+            rows_removed = self.read_range(
+                key, partition_column, start, end, swap.version - 1
+            ).count()
+        return CommitInfo(
+            version=swap.version,
+            rows_written=rows_written,
+            files_written=swap.files_added,
+            files_removed=swap.files_removed,
+            rows_removed=rows_removed,
+            user_metadata=metadata,
+        )
+
+    def zero_copy_blocker(
+        self, key: AssetKey | str, source: LakehouseResource, partition_column: str
+    ) -> str | None:
+        """Why `adopt_range` cannot move `source`'s files into this table; None when it can."""
+        name = _name(key)
+        if self._local_root() is None:
+            return "the lakehouse is on an object store, which has no hard links"
+        if name in _OWNED:
+            return f"{name} shares its partitions with a second writer"
+        if not self.exists(key):
+            return f"{name} does not exist yet"
+        mine, theirs = self.detail(key), source.detail(key)
+        if theirs is None:
+            return f"{source.storage_name(key)} does not exist"
+        if mine.partition_columns != (partition_column,) or theirs.partition_columns != (
+            partition_column,
+        ):
+            return f"the tables are not both partitioned by {partition_column} alone"
+        if self.read(key).schema != source.read(key).schema:
+            return "the shadow's schema differs from production's"
+        for lake in (self, source):
+            properties = lake.delta_table(key).detail().first()["properties"] or {}
+            if properties.get("delta.columnMapping.mode", "none") != "none":
+                return f"{lake.storage_name(key)} maps column names (delta.columnMapping)"
+        if Path(self.table_path(key)).stat().st_dev != Path(source.table_path(key)).stat().st_dev:
+            return "production and the shadow are on different filesystems"
+        return None
 
     def append(
         self,
@@ -698,6 +826,7 @@ class LakehouseResource(ConfigurableResource):
                         files_removed=int(metrics.get("numRemovedFiles", 0)),
                         rows_removed=int(metrics.get("numDeletedRows", 0)),
                         user_metadata=meta,
+                        bytes_written=int(metrics.get("numOutputBytes", 0)),
                     )
         if missing_ok:
             return None
