@@ -214,6 +214,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--force", action="store_true", help="cut over without a passed validation")
     cmd.add_argument("--no-rebuild", action="store_true", help="do not rebuild downstream")
     cmd.add_argument(
+        "--copy",
+        action="store_true",
+        help="rewrite the rows instead of adopting the shadow's files (zero-copy, the default "
+        "where it applies)",
+    )
+    cmd.add_argument(
         "--yes", action="store_true", help="confirm a range over BACKFILL_MAX_RANGE_DAYS"
     )
     cmd = command("rollback", "restore the tables of a cutover", ranged=False)
@@ -482,6 +488,7 @@ def _cutover(session: Session, args) -> Outcome:
         args.reason,
         args.force,
         lineage=session.lineage,
+        copy=args.copy,
     )
     report = (
         RunReport()
@@ -502,7 +509,12 @@ def _cutover(session: Session, args) -> Outcome:
     lines = [f"cutover {done.cutover_id} {days} (validation {done.validation_id})"]
     lines += [
         f"  {t.table}: v{t.version_before} -> v{t.version_after} from {t.shadow_table} "
-        f"v{t.shadow_version} ({t.rows_replaced} rows replaced by {t.rows_written})"
+        f"v{t.shadow_version} ({t.rows_replaced} rows replaced by {t.rows_written}; "
+        + (
+            "zero-copy: the shadow's files adopted, no data written)"
+            if t.copy_reason is None
+            else f"copied, {t.data_bytes_written:,} data bytes written: {t.copy_reason})"
+        )
         for t in done.tables
     ]
     lines += [

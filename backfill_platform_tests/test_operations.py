@@ -290,6 +290,10 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         stop.set()
         thread.join()
     assert status == 0, done
+    # Zero-copy: each table's commit adopted the shadow's files, writing no data file.
+    assert [(t["mode"], t["copy_reason"], t["data_bytes_written"]) for t in done["tables"]] == [
+        ("zero-copy", None, 0)
+    ] * 2
     assert active_freezes(platform.instance, marts) == []  # the cutover finished it
     assert seen and all(len(s) == 1 and s <= {"old", "new"} for s in seen), seen
     # The cutover is what changes production in Dagster: a materialization of each swapped
@@ -373,7 +377,10 @@ def test_wrong_fx_rule_corrected_by_shadow_backfill_cutover_and_rollback(ops_env
         "fxfix",
         "re-apply INC-42 fix",
         lineage=LINEAGE,
+        copy=True,  # the copying cutover (object stores' path) gives the same table
     )
+    assert [(t.mode, t.copy_reason) for t in again.tables] == [("copy", "asked for (--copy)")] * 2
+    assert all(t.data_bytes_written > 0 for t in again.tables)
     assert {t: full_rows(platform, t) for t in MARTS.split(",")}["marts/fct_daily_revenue"] == (
         after_cutover["marts/fct_daily_revenue"]
     )

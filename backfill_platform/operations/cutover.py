@@ -1,7 +1,12 @@
 """Cutover: production's partitions of the range replaced by the shadow's, one commit per table.
 
-`LakehouseResource.replace_range` is the same replaceWhere commit every run uses, so a reader
-of the table sees the version before (all old partitions) or after (all new), never a mix.
+Zero-copy where it applies (`LakehouseResource.adopt_range`): the commit removes the range's
+files and adds the shadow's, hard-linked into production's directory, so its cost is the log
+entry whatever the bytes. Where it cannot apply (an object-store root, a table shared with the
+stream, a shadow whose schema or partitioning differs, deletion vectors), or when the operator
+asks (`copy=True`), the copying cutover: the same replaceWhere commit every run uses, rows
+read from the shadow. Either way a reader sees the version before (all old partitions) or
+after (all new), never a mix.
 Refused unless the newest validation of this shadow passed and still describes the shadow
 (same shadow versions), or an explicit override is given; the commit records the shadow,
 its version, the range, the validation and the operator's reason.
@@ -20,9 +25,12 @@ from backfill_platform.operations.shadow import shadow_lakehouse
 from backfill_platform.operations.validate import latest_validation
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.delta_files import ZeroCopyUnavailable
 from backfill_platform.tables import table
 
 CUTOVER = "cutover"
+ZERO_COPY = "zero-copy"
+COPY = "copy"
 
 
 class CutoverRefused(Exception):
@@ -38,6 +46,9 @@ class TableCutover:
     version_after: int
     rows_written: int
     rows_replaced: int
+    mode: str = COPY  # ZERO_COPY or COPY
+    copy_reason: str | None = None  # why a copying cutover, when it is one
+    data_bytes_written: int = 0  # data files the commit wrote (none for zero-copy)
 
 
 @dataclass
@@ -106,6 +117,7 @@ def cutover(
     force: bool = False,
     *,
     lineage: Lineage,
+    copy: bool = False,
 ) -> Cutover:
     if not reason.strip():
         raise CutoverRefused("a cutover needs the operator's reason (--reason)")
@@ -127,25 +139,54 @@ def cutover(
             }
         )
         before = lake.current_version(key)
+        metadata = {
+            "operation": CUTOVER,
+            "cutover_id": cutover_id,
+            "asset_key": key.to_user_string(),
+            "code_version": ",".join(code_versions),
+            "shadow_suffix": suffix,
+            "shadow_source": shadow.storage_name(key),
+            "shadow_version": shadow_version,
+            "validation_id": validation_id,
+            "forced": force,
+            "reason": reason,
+            "operator": getpass.getuser(),  # who approved it, for the correction report
+        }
+        reason_to_copy = "asked for (--copy)" if copy else None
+        if not copy:
+            try:
+                commit = lake.adopt_range(
+                    key,
+                    shadow,
+                    column,
+                    days.start,
+                    days.end,
+                    {**metadata, "cutover_mode": ZERO_COPY},
+                    source_version=shadow_version,
+                )
+            except ZeroCopyUnavailable as unavailable:
+                reason_to_copy = str(unavailable)
+        if reason_to_copy is None:
+            done.append(
+                TableCutover(
+                    table=key.to_user_string(),
+                    shadow_table=shadow.storage_name(key),
+                    shadow_version=shadow_version,
+                    version_before=before,
+                    version_after=commit.version,
+                    rows_written=commit.rows_written,
+                    rows_replaced=commit.rows_removed,
+                    mode=ZERO_COPY,
+                )
+            )
+            continue
         commit = lake.replace_range(
             key,
             shadow.read_range(key, column, days.start, days.end, version=shadow_version),
             column,
             days.start,
             days.end,
-            user_metadata={
-                "operation": CUTOVER,
-                "cutover_id": cutover_id,
-                "asset_key": key.to_user_string(),
-                "code_version": ",".join(code_versions),
-                "shadow_suffix": suffix,
-                "shadow_source": shadow.storage_name(key),
-                "shadow_version": shadow_version,
-                "validation_id": validation_id,
-                "forced": force,
-                "reason": reason,
-                "operator": getpass.getuser(),  # who approved it, for the correction report
-            },
+            user_metadata={**metadata, "cutover_mode": COPY, "copy_reason": reason_to_copy},
         )
         done.append(
             TableCutover(
@@ -156,6 +197,9 @@ def cutover(
                 version_after=commit.version,
                 rows_written=commit.rows_written,
                 rows_replaced=commit.rows_removed,
+                mode=COPY,
+                copy_reason=reason_to_copy,
+                data_bytes_written=commit.bytes_written,
             )
         )
     result = Cutover(cutover_id, suffix, first, last, reason, validation_id, force, done)

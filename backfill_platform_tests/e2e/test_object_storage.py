@@ -280,8 +280,13 @@ def test_shadow_cutover_rollback_decommission_on_s3a(lake_on_s3, s3, spark, tmp_
         "object storage drill",
     )
     assert status == 0, done
+    # No hard links on an object store: the copying cutover, saying why.
+    assert {(t["mode"], t["copy_reason"]) for t in done["tables"]} == {
+        ("copy", "the lakehouse is on an object store, which has no hard links")
+    }
     commit = lake.history("marts/fct_daily_revenue", limit=1)[0]["metadata"]
     assert commit["operation"] == "cutover" and commit["reason"] == "object storage drill"
+    assert commit["cutover_mode"] == "copy"
     assert reconcile_marts(lake, landing, FIRST_DAY, LAST_DAY).ok
 
     status, undone = run_cli("rollback", "--reason", "drill over")
