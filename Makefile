@@ -38,7 +38,7 @@ CRM_DATA = $(dir $(LANDING))crm
 RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -163,6 +163,12 @@ BENCH_ARGS ?=
 bench: install
 	$(PY) -m benchmarks.bench --start $(BENCH_START) --days $(BENCH_DAYS) \
 		--orders-per-day $(BENCH_ORDERS_PER_DAY) --scaling "$(BENCH_SCALING)" $(BENCH_ARGS)
+
+# The cutover at two sizes 10x apart, zero-copy vs copying: seconds, data bytes written, log
+# bytes (docs/playbook.md). BENCH_CUTOVER_ARGS="--rows-per-day 50000".
+BENCH_CUTOVER_ARGS ?=
+bench-cutover: install
+	$(PY) -m benchmarks.cutover $(BENCH_CUTOVER_ARGS)
 
 # The raw parse alone (line reader + contract parser) vs the plain Spark anchor's reader and
 # json_tuple, to the noop sink: about 2 minutes (docs/performance.md).
