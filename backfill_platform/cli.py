@@ -744,23 +744,32 @@ def main(argv: Sequence[str] | None = None, *, terminal: bool | None = None) -> 
     file, prints its path first and shows progress bars on stderr; a caller passing `argv`
     (tests, scripts) keeps its own stdout and stderr."""
     args = _parser().parse_args(argv)
-    terminal = argv is None if terminal is None else terminal
+    status, payload, text = _outcome(args, argv is None if terminal is None else terminal)
+    print(json.dumps(payload, indent=2, default=str) if args.json else text)
+    return status
+
+
+def execute(argv: Sequence[str]) -> Outcome:
+    """One command in this process, as `main` would run it: the exit status, the `--json`
+    payload and the text, all three from the one run (a scenario asserts on the payload and
+    keeps the text as its transcript)."""
+    return _outcome(_parser().parse_args(argv), terminal=False)
+
+
+def _outcome(args, terminal: bool) -> Outcome:
     try:
         check(args)
         if terminal:
             with logs_to_file(args.command, log_dir()) as term:
                 print(f"log: {shown(term.log)}", file=term.err)
                 with observing(RunProgress(term.err, PROGRESS_LABELS)):
-                    status, payload, text = run(args)
-        else:
-            status, payload, text = run(args)
+                    return run(args)
+        return run(args)
     except BackfillDetached as error:
         payload = {"detached": True, "backfill_id": error.backfill_id, "error": str(error)}
-        status, text = 130, str(error)
+        return 130, payload, str(error)
     except REFUSALS as error:
-        status, payload, text = 1, {"refused": True, "error": str(error)}, f"Refused: {error}"
-    print(json.dumps(payload, indent=2, default=str) if args.json else text)
-    return status
+        return 1, {"refused": True, "error": str(error)}, f"Refused: {error}"
 
 
 if __name__ == "__main__":
