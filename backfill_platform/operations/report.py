@@ -104,6 +104,7 @@ class CorrectionReport:
             "- **Tables:** "
             + ", ".join(
                 f"`{t['table']}` v{t['version_before']} -> v{t['version_after']}"
+                f" ({t['cutover_mode']})"
                 for t in self.tables
             ),
             "",
@@ -165,6 +166,8 @@ def correction_report(
                     "shadow_table": commit["metadata"].get("shadow_source"),
                     "version_before": commit["version"] - 1,
                     "version_after": commit["version"],
+                    # zero-copy or copy (commits before zero-copy existed copied)
+                    "cutover_mode": commit["metadata"].get("cutover_mode", "copy"),
                 }
             )
             day_changes, totals = _table_changes(lake, name, commit)

@@ -163,6 +163,7 @@ def test_nine_step_correction_of_a_quarter(tmp_path, monkeypatch, spark, size, f
         wrong,
         last,
     )
+    assert {t["cutover_mode"] for t in report["tables"]} == {"zero-copy"}
     totals = {(t["table"], t["measure"]): t for t in report["totals"]}
     assert totals[("marts/fct_daily_revenue", "rows")]["change"] == "0"
     assert totals[("marts/fct_daily_revenue", "revenue_usd")]["change"] != "0"
