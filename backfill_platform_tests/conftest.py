@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "test_crm.py",
     "test_live_backfill.py",
     "test_kill.py",
+    "test_correction_playbook.py",
     "test_bench.py",
     "test_platform.py",
     "test_checks.py",
