@@ -28,7 +28,12 @@ from backfill_platform.automation.freeze import (
     unfreeze,
 )
 from backfill_platform.automation.landing_sensor import landing_sensor
-from backfill_platform.automation.live_jobs import DOWNSTREAM_KEYS
+from backfill_platform.automation.live_jobs import (
+    AUDIT_MARKER,
+    DOWNSTREAM_KEYS,
+    repair_ltv_job,
+    repair_staging_job,
+)
 from backfill_platform.automation.schedules import daily_live_schedule
 from backfill_platform.automation.stale_sensor import (
     AUTO_REPAIR_ENV,
@@ -352,6 +357,52 @@ def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp
         f"raw/orders {_day(11)} has late rows for staging days built before it: "
         f"{_day(1)}..{_day(8)}"
     )
+
+
+def test_stale_repair_leaves_frozen_days_and_the_ltv_snapshots_over_them_alone(
+    tmp_path, monkeypatch
+):
+    """Issue 34: a frozen day is the correction's to rebuild. The repair takes the stale days
+    outside the freeze; LTV's repair, which would rewrite every later snapshot, waits for the
+    freeze to lift. No Spark: the audits are observations as the audit job records them."""
+    monkeypatch.setenv(AUTO_REPAIR_ENV, "true")
+    instance = _instance(tmp_path / "home")
+    resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
+    daemon = Daemon(resources, instance)
+    for key in (RAW_ORDERS, RAW_FX_RATES, STAGING_ORDERS, FCT_DAILY_REVENUE, CUSTOMER_LTV):
+        for i in range(1, 11):
+            instance.report_runless_asset_event(AssetMaterialization(key, partition=_day(i)))
+    (made, *_) = freeze(
+        instance, resources["lakehouse"], DOWNSTREAM_KEYS, DayRange(_day(4), _day(6)), "INC-46"
+    )
+
+    def audited(report: StalenessReport) -> None:
+        instance.report_runless_asset_event(
+            AssetObservation(
+                STAGING_ORDERS,
+                metadata={AUDIT_MARKER: True, **report.metadata(), "summary": report.summary()},
+            )
+        )
+
+    d = date.fromisoformat
+    # Late rows for days 2 and 5 (day 5 frozen): staging of day 2 alone is repaired.
+    audited(StalenessReport(staging={d(_day(2)): 1, d(_day(5)): 2}, ltv_through=d(_day(10))))
+    requests, _, _ = daemon.tick(stale_partitions_sensor)
+    assert [(r.job_name, _range(r)) for r in requests] == [
+        (repair_staging_job.name, (_day(2), _day(2)))
+    ]
+    # The next audit: staging clean, LTV stale from day 2 through snapshots 4..6 (frozen).
+    audited(StalenessReport(ltv_from=d(_day(2)), ltv_through=d(_day(10))))
+    requests, skip, _ = daemon.tick(stale_partitions_sensor)
+    assert requests == [] and skip.endswith(
+        f"customer_ltv {_day(2)}..{_day(10)} waits: it would rewrite snapshots frozen by "
+        f"{made.freeze_id} (INC-46)"
+    ), skip
+    unfreeze(instance, DOWNSTREAM_KEYS, "correction cut over")
+    requests, _, _ = daemon.tick(stale_partitions_sensor)
+    assert [(r.job_name, _range(r)) for r in requests] == [
+        (repair_ltv_job.name, (_day(2), _day(10)))
+    ]
 
 
 def test_daily_schedule_builds_yesterdays_utc_partition_at_two_unless_it_is_frozen(tmp_path):

@@ -33,7 +33,12 @@ from backfill_platform.automation.live_jobs import (
     staleness_audit_job,
 )
 from backfill_platform.automation.stale_signals import stale_signals
-from backfill_platform.automation.staleness import REPAIR_COMMAND, STAGING_STEP, StalenessReport
+from backfill_platform.automation.staleness import (
+    LTV_STEP,
+    REPAIR_COMMAND,
+    STAGING_STEP,
+    StalenessReport,
+)
 from backfill_platform.automation.window_sensor import live_window
 from backfill_platform.runner import TRIGGER_TAG, active_runs, range_tags
 from backfill_platform.settings import AUTO_REPAIR_STALE, STALENESS_AUDIT_SECONDS, setting
@@ -170,10 +175,19 @@ def stale_partitions_sensor(context: SensorEvaluationContext):
     left = sorted({f"{f.freeze_id} ({f.reason})" for f in frozen.values()})
     exclude = [*(window.days() if window else []), *map(date.fromisoformat, frozen)]
     steps = report.plan(exclude=exclude)
+    # Every LTV snapshot carries all earlier days, so an LTV repair from a stale day rewrites
+    # each later snapshot: held while one of them is frozen, taken up once the freeze lifts.
+    held = [s for s in steps if s.kind == LTV_STEP and set(s.days.partition_keys()) & set(frozen)]
+    steps = [s for s in steps if s not in held]
     if not steps:
         where = f"all inside the live window {window}" + (
             f" or frozen by {'; '.join(left)}" if left else ""
         )
+        if held:
+            where = (
+                f"{held[0].describe()} waits: it would rewrite snapshots frozen by "
+                f"{'; '.join(left)}"
+            )
         return SkipReason(f"{report.summary()}: {where}")
     if left:
         context.log.info(f"leaving frozen days alone: {'; '.join(left)}")
