@@ -166,28 +166,15 @@ def cutover(
                 )
             except ZeroCopyUnavailable as unavailable:
                 reason_to_copy = str(unavailable)
-        if reason_to_copy is None:
-            done.append(
-                TableCutover(
-                    table=key.to_user_string(),
-                    shadow_table=shadow.storage_name(key),
-                    shadow_version=shadow_version,
-                    version_before=before,
-                    version_after=commit.version,
-                    rows_written=commit.rows_written,
-                    rows_replaced=commit.rows_removed,
-                    mode=ZERO_COPY,
-                )
+        if reason_to_copy is not None:
+            commit = lake.replace_range(
+                key,
+                shadow.read_range(key, column, days.start, days.end, version=shadow_version),
+                column,
+                days.start,
+                days.end,
+                user_metadata={**metadata, "cutover_mode": COPY, "copy_reason": reason_to_copy},
             )
-            continue
-        commit = lake.replace_range(
-            key,
-            shadow.read_range(key, column, days.start, days.end, version=shadow_version),
-            column,
-            days.start,
-            days.end,
-            user_metadata={**metadata, "cutover_mode": COPY, "copy_reason": reason_to_copy},
-        )
         done.append(
             TableCutover(
                 table=key.to_user_string(),
@@ -197,7 +184,7 @@ def cutover(
                 version_after=commit.version,
                 rows_written=commit.rows_written,
                 rows_replaced=commit.rows_removed,
-                mode=COPY,
+                mode=ZERO_COPY if reason_to_copy is None else COPY,
                 copy_reason=reason_to_copy,
                 data_bytes_written=commit.bytes_written,
             )

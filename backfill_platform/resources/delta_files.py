@@ -36,16 +36,15 @@ class RangeFiles:
     version: int
     adds: list[dict[str, Any]]  # the `add` actions: path, partitionValues, size, stats, ...
 
-    @property
-    def bytes(self) -> int:
-        return sum(int(a["size"]) for a in self.adds)
 
-    def rows(self) -> int | None:
-        """Rows by the files' statistics; None when a file has none."""
-        counts = [
-            json.loads(a["stats"]).get("numRecords") if a.get("stats") else None for a in self.adds
-        ]
-        return None if None in counts else sum(counts)
+def _rows(files: list[dict[str, Any]]) -> int | None:
+    """Rows by the files' statistics; None when a file has none."""
+    counts = [json.loads(f["stats"]).get("numRecords") if f.get("stats") else None for f in files]
+    return None if None in counts else sum(counts)
+
+
+def _bytes(files: list[dict[str, Any]]) -> int:
+    return sum(int(f["size"]) for f in files)
 
 
 def _seq(session: SparkSession, items: list):
@@ -147,14 +146,12 @@ def swap_range(
             conf.set(USER_METADATA_CONF, previous.get())
         else:
             conf.unset(USER_METADATA_CONF)
-    gone = RangeFiles(version=-1, adds=removed)
-    new = RangeFiles(version=-1, adds=adds)
     return SwapCommit(
         version=int(version),
         files_added=len(adds),
         files_removed=len(removed),
-        rows_added=new.rows(),
-        rows_removed=gone.rows(),
-        bytes_added=new.bytes,
-        bytes_removed=gone.bytes,
+        rows_added=_rows(adds),
+        rows_removed=_rows(removed),
+        bytes_added=_bytes(adds),
+        bytes_removed=_bytes(removed),
     )

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar
@@ -95,6 +95,7 @@ class TableDetail:
     num_files: int
     size_in_bytes: int
     partition_columns: tuple[str, ...]
+    properties: dict[str, str] = field(default_factory=dict)  # the table's Delta properties
 
 
 @dataclass(frozen=True)
@@ -310,14 +311,7 @@ class LakehouseResource(ConfigurableResource):
         name = _name(key)
         path = self.table_path(key)
         token = uuid.uuid4().hex
-        metadata = {
-            **user_metadata,
-            "table": name,
-            "partition_column": partition_column,
-            "partition_start": start.isoformat(),
-            "partition_end": end.isoformat(),
-            "commit_token": token,
-        }
+        metadata = _range_metadata(user_metadata, name, partition_column, start, end, token)
         if self.storage_name(key) != name:
             metadata["shadow_table"] = self.storage_name(key)
         in_range = _range_predicate(column=partition_column, start=start, end=end)
@@ -404,15 +398,9 @@ class LakehouseResource(ConfigurableResource):
         target = Path(self.table_path(key))
         origin = Path(source.table_path(key))
         in_range = _range_predicate(partition_column, start, end)
-        token = uuid.uuid4().hex
-        metadata = {
-            **user_metadata,
-            "table": name,
-            "partition_column": partition_column,
-            "partition_start": start.isoformat(),
-            "partition_end": end.isoformat(),
-            "commit_token": token,
-        }
+        metadata = _range_metadata(
+            user_metadata, name, partition_column, start, end, uuid.uuid4().hex
+        )
         with self.table_lock(key):
             files = range_files(self.session, str(origin), in_range)
             if source_version is not None and files.version != source_version:
@@ -478,9 +466,9 @@ class LakehouseResource(ConfigurableResource):
             return "the lakehouse is on an object store, which has no hard links"
         if name in _OWNED:
             return f"{name} shares its partitions with a second writer"
-        if not self.exists(key):
-            return f"{name} does not exist yet"
         mine, theirs = self.detail(key), source.detail(key)
+        if mine is None:
+            return f"{name} does not exist yet"
         if theirs is None:
             return f"{source.storage_name(key)} does not exist"
         if mine.partition_columns != (partition_column,) or theirs.partition_columns != (
@@ -489,9 +477,8 @@ class LakehouseResource(ConfigurableResource):
             return f"the tables are not both partitioned by {partition_column} alone"
         if self.read(key).schema != source.read(key).schema:
             return "the shadow's schema differs from production's"
-        for lake in (self, source):
-            properties = lake.delta_table(key).detail().first()["properties"] or {}
-            if properties.get("delta.columnMapping.mode", "none") != "none":
+        for lake, detail in ((self, mine), (source, theirs)):
+            if detail.properties.get("delta.columnMapping.mode", "none") != "none":
                 return f"{lake.storage_name(key)} maps column names (delta.columnMapping)"
         if Path(self.table_path(key)).stat().st_dev != Path(source.table_path(key)).stat().st_dev:
             return "production and the shadow are on different filesystems"
@@ -637,6 +624,7 @@ class LakehouseResource(ConfigurableResource):
             num_files=int(row["numFiles"]),
             size_in_bytes=int(row["sizeInBytes"]),
             partition_columns=tuple(row["partitionColumns"]),
+            properties=dict(row["properties"] or {}),
         )
 
     def partition_files(
@@ -937,6 +925,26 @@ def _root_cause(error: Py4JJavaError) -> str:
         if line.strip().startswith("Caused by: ")
     ]
     return causes[-1] if causes else str(error.java_exception)
+
+
+def _range_metadata(
+    user_metadata: Mapping[str, Any],
+    name: str,
+    partition_column: str,
+    start: date,
+    end: date,
+    token: str,
+) -> dict[str, Any]:
+    """What every commit replacing a range records: the caller's metadata, the table, the
+    range (`covers`, `built_partitions` read it back) and the token that finds the commit."""
+    return {
+        **user_metadata,
+        "table": name,
+        "partition_column": partition_column,
+        "partition_start": start.isoformat(),
+        "partition_end": end.isoformat(),
+        "commit_token": token,
+    }
 
 
 def _range_predicate(column: str, start: date, end: date) -> str:
