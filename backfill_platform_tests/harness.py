@@ -132,3 +132,14 @@ class Platform:
 
 def dec(text: str) -> Decimal:
     return Decimal(text)
+
+
+def point_cli_at(monkeypatch, home: Path, landing: Path, lakehouse: Path) -> None:
+    """The settings the CLI reads, so the CLI in this process and the test share one Dagster
+    instance (DAGSTER_HOME), landing zone and lakehouse."""
+    for name, value in {
+        "DAGSTER_HOME": home,
+        "BACKFILL_LANDING_DIR": landing,
+        "BACKFILL_LAKEHOUSE_DIR": lakehouse,
+    }.items():
+        monkeypatch.setenv(name, str(value))

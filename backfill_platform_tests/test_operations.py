@@ -54,7 +54,12 @@ from backfill_platform.tables import (
     shadow_key,
 )
 from backfill_platform.transforms.fx import with_usd
-from backfill_platform_tests.harness import Platform, order_line, spark_resource_for_tests
+from backfill_platform_tests.harness import (
+    Platform,
+    order_line,
+    point_cli_at,
+    spark_resource_for_tests,
+)
 
 DAYS = [f"2024-01-0{d}" for d in range(1, 8)]
 LINEAGE = Lineage(all_assets)
@@ -92,12 +97,7 @@ def ops_env(tmp_path, spark, monkeypatch):
     home.mkdir()
     landing, lakehouse = tmp_path / "landing", tmp_path / "lakehouse"
     landing.mkdir()
-    for name, value in {
-        "DAGSTER_HOME": home,
-        "BACKFILL_LANDING_DIR": landing,
-        "BACKFILL_LAKEHOUSE_DIR": lakehouse,
-    }.items():
-        monkeypatch.setenv(name, str(value))
+    point_cli_at(monkeypatch, home, landing, lakehouse)
     resources = build_resources(str(landing), str(lakehouse), spark=spark_resource_for_tests())
     return Platform(tmp_path, landing, lakehouse, DagsterInstance.get(), resources)
 

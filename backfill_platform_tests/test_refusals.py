@@ -9,7 +9,6 @@ No Spark: the twin's refusal comes before anything is read or written.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from dagster import (
@@ -31,14 +30,11 @@ from backfill_platform.assets import all_assets, shadow_assets
 from backfill_platform.definitions import build_resources
 from backfill_platform.refusals import NOT_RETRIED, refusal
 from backfill_platform.tables import FCT_DAILY_REVENUE, SHADOW_SUFFIX_TAG, shadow_key
-
-REPO = Path(__file__).resolve().parents[1]
+from backfill_platform_tests.sensor_ticks import instance_at
 
 
 def _instance(home: Path) -> DagsterInstance:
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    instance = DagsterInstance.from_config(str(home))
+    instance = instance_at(home)
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
     assert instance.run_retries_retry_on_asset_or_op_failure
     return instance

@@ -29,7 +29,7 @@ from backfill_platform.reconcile import reconcile_marts
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_FX_RATES, RAW_ORDERS
-from backfill_platform_tests.harness import order_line, spark_resource_for_tests
+from backfill_platform_tests.harness import order_line, point_cli_at, spark_resource_for_tests
 from backfill_platform_tests.reliability.conftest import ARTIFACTS
 from backfill_platform_tests.sensor_ticks import Daemon, instance_at, requested_range
 from backfill_platform_tests.test_operations import buggy_assets, previous_day_fx
@@ -63,12 +63,7 @@ class Transcript:
 def test_nine_step_correction_of_a_quarter(tmp_path, monkeypatch, spark, size, figures):
     home, landing, lakehouse = tmp_path / "home", tmp_path / "landing", tmp_path / "lake"
     instance = instance_at(home)
-    for name, value in {
-        "DAGSTER_HOME": home,
-        "BACKFILL_LANDING_DIR": landing,
-        "BACKFILL_LAKEHOUSE_DIR": lakehouse,
-    }.items():
-        monkeypatch.setenv(name, str(value))
+    point_cli_at(monkeypatch, home, landing, lakehouse)
     monkeypatch.setenv("BACKFILL_LIVE_WINDOW_DAYS", "3")
     generate_landing(landing, FIRST, LAST, ORDERS_PER_DAY[size], seed=34)
     bp = Transcript()
