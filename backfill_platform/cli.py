@@ -19,7 +19,10 @@
     stale         partitions built before late rows arrived (exit 1 if any); --repair rebuilds them
     stream        the live order stream into raw/orders: `catch-up` (every message available
                   now, then stop), `run` (until SIGTERM), `start` / `stop` (`run` detached),
-                  `status` (offsets per partition, lag, the last batch, the process)
+                  `status` (offsets per partition, lag, the last batch, the process),
+                  `reconcile` (per day: every offset once, landing lines, staging, the handoff)
+    replay        re-read a window of the order topic into raw/orders (after a parse fix),
+                  rebuild what it changed downstream, reconcile the window
 
 Settings come from the environment (README); runs and events go to DAGSTER_HOME's instance
 (unset: the repository's .dagster_home, as the Makefile sets it). Dagster's and Spark's logs
@@ -73,17 +76,27 @@ from backfill_platform.lineage import Lineage
 from backfill_platform.operations.arguments import (
     CORRECTABLE_LAYERS,
     OPERATOR_ERRORS,
+    InvalidArgument,
+    check_instant,
+    check_offsets,
     check_range,
     check_reason,
     check_retention_hours,
     check_selection,
     check_tags,
 )
+from backfill_platform.operations.boundary import reconcile_boundary
 from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
+from backfill_platform.operations.replay import (
+    REPLAY_TAG,
+    downstream_of_replay,
+    plan_replay,
+    replay,
+)
 from backfill_platform.operations.report import ReportRefused, correction_report, record_report
 from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
@@ -110,6 +123,7 @@ from backfill_platform.runner import (
     RunReport,
     observing,
     run_range,
+    run_work,
 )
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, SettingError, setting
 from backfill_platform.tables import (
@@ -135,7 +149,7 @@ REFUSALS = (
     StreamProcessError,
 )
 # Commands whose work runs on the deployment unless --in-process is given.
-DEPLOYED_COMMANDS = ("backfill", "shadow", "cutover", "stale")
+DEPLOYED_COMMANDS = ("backfill", "shadow", "cutover", "stale", "replay")
 # What the progress bars call the work each command plans (runner triggers).
 PROGRESS_LABELS = {
     "backfill": "backfill",
@@ -262,17 +276,27 @@ def _parser() -> argparse.ArgumentParser:
     cmd = command("stream", "the live order stream (BACKFILL_KAFKA_BOOTSTRAP)", ranged=False)
     cmd.add_argument(
         "action",
-        choices=("catch-up", "run", "start", "stop", "status"),
+        choices=("catch-up", "run", "start", "stop", "status", "reconcile"),
         help="catch-up: every message available now into raw/orders, then stop; run: the "
         "stream until SIGTERM or Ctrl-C; start/stop: run as a detached process; "
-        "status: offsets, lag, the last batch and the process",
+        "status: offsets, lag, the last batch and the process; reconcile: the boundary "
+        "with the landing zone per day (exit 1 if a day fails)",
     )
+    cmd.add_argument("--start", default=None, help="reconcile: first day (default: the stream's)")
+    cmd.add_argument("--end", default=None, help="reconcile: last day, inclusive")
     cmd.add_argument(
         "--trigger-seconds",
         type=float,
         default=TRIGGER_SECONDS,
         help="run/start: a micro-batch at most this often while messages arrive",
     )
+    cmd = command("replay", "re-read a window of the order topic into raw/orders", ranged=False)
+    cmd.add_argument("--from", dest="since", default=None, help="first instant (ISO 8601)")
+    cmd.add_argument(
+        "--from-offsets", default=None, help="or first offsets: partition:offset,... (0:120,1:98)"
+    )
+    cmd.add_argument("--to", required=True, help="end instant, exclusive (ISO 8601)")
+    cmd.add_argument("--no-rebuild", action="store_true", help="do not rebuild downstream")
     return parser
 
 
@@ -668,10 +692,54 @@ def _stream(session: Session, args) -> Outcome:
         pid = process.stop()
         text = f"stream (pid {pid}) stopped" if pid else "no stream process running"
         return 0, {"stopped": pid}, text
+    if args.action == "reconcile":
+        days = DayRange(args.start, args.end) if args.start or args.end else None
+        boundary = reconcile_boundary(session.lake, session.resources["landing"], orders, days)
+        return (1 if boundary.failed else 0), boundary.to_dict(), boundary.describe()
     status = stream_status(session.lake, orders)
     pid = process.pid()
     running = f"process: running (pid {pid})" if pid else "process: not running"
     return 0, status.to_dict() | {"pid": pid}, f"{status.describe()}\n  {running}"
+
+
+def _replay(session: Session, args) -> Outcome:
+    """Replay a window of the log, rebuild downstream of what it changed (on the deployment
+    unless --in-process), then reconcile the window's days like a backfill."""
+    orders = orders_topic_from_settings()
+    to = check_instant(args.to, "--to")
+    since = check_instant(args.since, "--from") if args.since else None
+    offsets = check_offsets(args.from_offsets) if args.from_offsets else None
+    if (since is None) == (offsets is None):
+        raise InvalidArgument("replay: give exactly one of --from and --from-offsets")
+    executor = None if args.no_rebuild else _deployment(args, "rebuild after a replay")
+    plan = plan_replay(session.lake, orders, to, since, offsets)
+    done = replay(session.lake, orders, plan, session.instance)
+    work = {} if args.no_rebuild else downstream_of_replay(session.lineage, session.lake, done)
+    runs = run_work(
+        executor or InProcessExecutor(session.assets, session.resources, session.instance),
+        session.lineage,
+        work,
+        trigger="replay",
+        tags={REPLAY_TAG: done.replay_id},
+    )
+    lines = [done.describe()]
+    lines += [
+        f"  rebuilt {','.join(r.assets)} {r.first_key}..{r.last_key}: "
+        f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
+        for r in runs.runs
+    ] or ["  nothing downstream to rebuild"]
+    lines += _backfill_lines(runs)
+    payload = done.to_dict() | {"rebuild_runs": as_dicts(rebuild_runs(runs))}
+    days = sorted({*done.ingest_days, *done.event_days})
+    status = 0 if runs.success else 1
+    if days and runs.success:
+        boundary = reconcile_boundary(
+            session.lake, session.resources["landing"], orders, DayRange(days[0], days[-1])
+        )
+        payload["reconciliation"] = boundary.to_dict()
+        lines.append(boundary.describe())
+        status = 1 if boundary.failed else 0
+    return status, payload, "\n".join(lines)
 
 
 def _reporter(session: Session, topic: str):
@@ -712,6 +780,7 @@ COMMANDS = {
     "history": _history,
     "stale": _stale,
     "stream": _stream,
+    "replay": _replay,
 }
 
 

@@ -10,6 +10,7 @@ from backfill_platform.assets import all_assets, shadow_assets
 from backfill_platform.assets.freshness import stream_freshness_policy, with_stream_freshness
 from backfill_platform.automation import all_jobs, all_schedules, all_sensors
 from backfill_platform.checks import all_checks
+from backfill_platform.checks.stream import stream_checks
 from backfill_platform.operations.launchpad import operations_jobs
 from backfill_platform.resources import (
     CrmResource,
@@ -18,6 +19,7 @@ from backfill_platform.resources import (
     LandingZoneResource,
     SparkSessionResource,
 )
+from backfill_platform.resources.kafka import orders_topic_from_settings
 from backfill_platform.resources.storage import local_path
 from backfill_platform.settings import (
     CRM_CONCURRENCY,
@@ -74,6 +76,7 @@ def build_resources(
         ),
         "lakehouse": lakehouse,
         "io_manager": DeltaIOManager(lakehouse=lakehouse),
+        "orders_topic": orders_topic_from_settings(),
     }
 
 
@@ -132,9 +135,13 @@ def default_limiter_path(lakehouse_dir: str) -> str:
     return str(Path(lakehouse_dir).resolve().parent / "crm_rate_limit.sqlite")
 
 
+# A deployment that runs the stream sets its freshness window; only there does raw/orders
+# carry the policy and the boundary check that asks the broker (checks/stream.py).
+_stream_freshness = stream_freshness_policy()
+
 defs = Definitions(
-    assets=[*with_stream_freshness(all_assets, stream_freshness_policy()), *shadow_assets],
-    asset_checks=all_checks,
+    assets=[*with_stream_freshness(all_assets, _stream_freshness), *shadow_assets],
+    asset_checks=[*all_checks, *(stream_checks if _stream_freshness else [])],
     resources=build_resources(),
     jobs=[*all_jobs, *operations_jobs],
     schedules=all_schedules,

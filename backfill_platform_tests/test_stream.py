@@ -13,8 +13,10 @@ from dagster import AssetRecordsFilter, DagsterInstance, build_sensor_context
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
+from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
+from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import catch_up, report_batch, stream_status
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
@@ -23,7 +25,7 @@ from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform.transforms.orders import latest_wins
-from backfill_platform_tests.harness import Platform, order_line
+from backfill_platform_tests.harness import Platform, order_line, point_cli_at
 
 pytestmark = pytest.mark.slow
 
@@ -264,3 +266,119 @@ def test_stream_freshness_policy_only_on_raw_orders_and_only_when_set(monkeypatc
         monkeypatch.setenv("BACKFILL_STREAM_FRESHNESS_SECONDS", bad)
         with pytest.raises(SettingError, match=f"BACKFILL_STREAM_FRESHNESS_SECONDS='{bad}'"):
             stream_freshness_policy()
+
+
+def test_boundary_reconciles_and_replay_rewrites_a_window(
+    stream_platform, broker, monkeypatch, tmp_path
+):
+    """`stream reconcile` proves the boundary per day and fails on a gap or an overlap; the
+    `stream_offsets_once` check reports it per day in a run; `replay` puts a window of the
+    log back in place of damaged rows (and only those), rebuilds staging from them and
+    reconciles; offsets the stream has not reached are left to it. Runs after the tests
+    above, on their topic, raw and staging (landing and staging of 2024-01-10)."""
+    platform, lake, orders = (
+        stream_platform,
+        stream_platform.resources["lakehouse"],
+        _orders(broker),
+    )
+    day = LAUNCH.date().isoformat()
+    point_cli_at(monkeypatch, tmp_path, platform.landing, platform.lakehouse)
+    monkeypatch.setenv("BACKFILL_KAFKA_BOOTSTRAP", broker.bootstrap)
+    monkeypatch.setenv("BACKFILL_ORDERS_TOPIC", TOPIC)
+    reconcile = ["stream", "reconcile", "--start", day, "--end", day, "--json"]
+
+    status, payload, text = cli.execute(reconcile)
+    assert status == 0, text
+    (result,) = payload["days"]
+    assert result["ok"] and result["missing"] == 0 and result["extra_copies"] == 0
+    assert result["messages"] == result["streamed"] > 0 and result["pending"] == 0
+    assert result["landing_lines"] == result["landing_rows"] == 4
+    assert result["both_sources"] == result["both_staged_once"] == 1  # both-1, staged once
+    assert payload["landing_last_day"] == day and payload["overlap_days"] == [day]
+    assert payload["first_message"].startswith(day)
+
+    # It can fail: one message's row twice (an overlap), then one missing (a gap).
+    version = platform.version("raw/orders")
+    stream_day = lake.read(RAW_ORDERS).where(f"kafka_topic = '{TOPIC}' AND ingest_date = '{day}'")
+    victim = stream_day.orderBy("kafka_partition", "kafka_offset").limit(1)
+    victim.write.format("delta").mode("append").save(lake.table_path(RAW_ORDERS))
+    status, payload, _ = cli.execute(reconcile)
+    assert status == 1 and payload["days"][0]["extra_copies"] == 1, payload
+    lake.delta_table(RAW_ORDERS).restoreToVersion(version)
+    (p, o) = victim.select("kafka_partition", "kafka_offset").first()
+    lake.delta_table(RAW_ORDERS).delete(f"kafka_partition = {p} AND kafka_offset = {o}")
+    status, payload, text = cli.execute(reconcile)
+    assert status == 1 and payload["days"][0]["missing"] == 1 and "FAIL" in text, text
+    # The same proof as a non-blocking asset check of raw/orders' run of the day.
+    from backfill_platform.checks.stream import stream_checks
+    from backfill_platform.runner import materialize_range
+
+    run = materialize_range(
+        [*all_assets, *stream_checks],
+        day,
+        day,
+        {**platform.resources, "orders_topic": orders},
+        platform.instance,
+        selection=[RAW_ORDERS],
+    )
+    (evaluation,) = [
+        e for e in run.get_asset_check_evaluations() if e.check_name == "stream_offsets_once"
+    ]
+    assert not evaluation.passed and evaluation.partition == day
+    assert evaluation.metadata["missing"].value == 1
+    lake.delta_table(RAW_ORDERS).restoreToVersion(version)
+
+    # Replay: a message not streamed yet stays the stream's.
+    pending = produce(
+        broker.bootstrap,
+        TOPIC,
+        [Message("late-1", order_line("late-1", "2024-01-10T09:00:00Z"), LAUNCH, "version")],
+    )[0]
+    plan = plan_replay(lake, orders, datetime(2030, 1, 1, tzinfo=UTC), since=LAUNCH)
+    lo, hi = plan.left_to_stream[pending.partition]
+    assert lo <= pending.offset < hi and plan.spans[pending.partition][1] == lo
+
+    # A parse that went wrong on the window's rows, built into staging...
+    window_to = "2024-01-11T00:00:00Z"
+    plan = plan_replay(lake, orders, datetime(2024, 1, 11, tzinfo=UTC), since=LAUNCH)
+    in_window = " OR ".join(
+        f"(kafka_partition = {p} AND kafka_offset >= {a} AND kafka_offset < {b})"
+        for p, (a, b) in plan.spans.items()
+    )
+    before_raw = sorted(map(str, _stream_rows(platform)))
+    before_staging = platform.rows("staging/orders", f"event_date = '{day}'")
+    lake.delta_table(RAW_ORDERS).update(
+        f"kafka_topic = '{TOPIC}' AND reject_reason IS NULL AND ({in_window})",
+        {"status": F.lit("corrupted")},
+    )
+    platform.materialize(day, selection=["staging/orders", "staging/orders_rejects"])
+    assert "corrupted" in {r["status"] for r in platform.rows("staging/orders")}
+    landing_before = platform.rows("raw/orders", "kafka_topic IS NULL")
+
+    # ...is replayed from the log: those rows again, staging rebuilt, the day reconciled.
+    replayed = ["replay", "--from", day, "--to", window_to, "--in-process", "--json"]
+    status, payload, text = cli.execute(replayed)
+    assert status == 0, text
+    assert payload["rows"] == plan.messages > 0 and payload["event_days"][0] == day
+    assert any("staging/orders" in r["assets"] and r["success"] for r in payload["rebuild_runs"])
+    assert all(d["ok"] for d in payload["reconciliation"]["days"]), text
+    assert sorted(map(str, _stream_rows(platform))) == before_raw
+    assert platform.rows("raw/orders", "kafka_topic IS NULL") == landing_before
+    assert "corrupted" not in {r["status"] for r in platform.table("raw/orders").collect()}
+    assert platform.rows("staging/orders", f"event_date = '{day}'") == before_staging
+    commits = [h["metadata"] for h in lake.history(RAW_ORDERS, limit=len(payload["chunks"]))]
+    assert {c.get("writer") for c in commits} == {"replay"}
+    # Idempotent: the same window again leaves the same rows.
+    again = replay(
+        lake, orders, plan_replay(lake, orders, datetime(2024, 1, 11, tzinfo=UTC), LAUNCH)
+    )
+    assert sum(c.rows for c in again.chunks) == plan.messages
+    assert sorted(map(str, _stream_rows(platform))) == before_raw
+
+    # Refused before anything is read: a partition the topic lacks, a bad instant.
+    for argv, named in (
+        (["replay", "--from-offsets", "9:0", "--to", window_to, "--in-process"], "partition 9"),
+        (["replay", "--from", "yesterday", "--to", window_to, "--in-process"], "--from"),
+    ):
+        status, _, text = cli.execute(argv)
+        assert status == 1 and named in text, text

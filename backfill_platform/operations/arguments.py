@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 from dagster import AssetKey
 
@@ -58,6 +59,32 @@ def check_range(first: str, last: str, confirmed: bool = False) -> DayRange:
             f"({limit}); run `plan` first and pass --yes to confirm a range this large"
         )
     return days
+
+
+def check_instant(text: str, name: str) -> datetime:
+    """An ISO 8601 instant (`2024-01-10T06:00:00Z`) or day (`2024-01-10`, its midnight), UTC
+    when it names no offset."""
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"{name}: {text!r} is not an instant (2024-01-10T06:00:00Z or 2024-01-10)"
+        ) from None
+    return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
+
+
+def check_offsets(text: str, name: str = "--from-offsets") -> dict[int, int]:
+    """`0:120,1:98`: Kafka partition -> offset, each partition once."""
+    offsets: dict[int, int] = {}
+    for item in text.split(","):
+        partition, _, offset = item.strip().partition(":")
+        if not (partition.isdigit() and offset.isdigit()) or int(partition) in offsets:
+            raise InvalidArgument(
+                f"{name}: {item.strip()!r} in {text!r} is not partition:offset (e.g. 0:120,1:98),"
+                " each partition once"
+            )
+        offsets[int(partition)] = int(offset)
+    return offsets
 
 
 def check_reason(reason: object) -> str:

@@ -6,11 +6,14 @@ confluent-kafka, a client that needs no JVM, so `stream status` answers in a sec
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import datetime
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from dagster import ConfigurableResource
 from pydantic import Field
+from pyspark.sql import DataFrame, SparkSession
 
 from backfill_platform.settings import (
     KAFKA_BOOTSTRAP,
@@ -59,7 +62,65 @@ class OrdersTopicResource(ConfigurableResource):
 
     def end_offsets(self) -> dict[int, tuple[int, int]]:
         """Partition -> (earliest retained offset, next offset to be written)."""
-        consumer = Consumer(
+        consumer = self._consumer()
+        try:
+            return {
+                p: consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=self.timeout_seconds
+                )
+                for p in self._partitions(consumer)
+            }
+        except KafkaException as error:
+            raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {error}") from None
+        finally:
+            consumer.close()
+
+    def offsets_at(self, instant: datetime) -> dict[int, int]:
+        """Partition -> the first offset whose timestamp is at or after `instant` (the
+        broker's own time index); the partition's end when there is none."""
+        consumer = self._consumer()
+        ms = int(instant.timestamp() * 1000)
+        try:
+            found = consumer.offsets_for_times(
+                [TopicPartition(self.topic, p, ms) for p in self._partitions(consumer)],
+                timeout=self.timeout_seconds,
+            )
+            ends = {
+                t.partition: consumer.get_watermark_offsets(t, timeout=self.timeout_seconds)[1]
+                for t in found
+            }
+        except KafkaException as error:
+            raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {error}") from None
+        finally:
+            consumer.close()
+        return {t.partition: t.offset if t.offset >= 0 else ends[t.partition] for t in found}
+
+    def read(
+        self, session: SparkSession, spans: dict[int, tuple[int, int]] | None = None
+    ) -> DataFrame:
+        """The retained messages as a batch DataFrame (Spark's Kafka source): every one, or
+        partition -> [first, end) offsets of `spans`."""
+        reader = session.read.format("kafka").option(
+            "kafka.bootstrap.servers", self.bootstrap_servers
+        )
+        if spans is None:
+            reader = reader.option("subscribe", self.topic)
+        else:
+            parts = sorted(p for p, (lo, hi) in spans.items() if hi > lo)
+            reader = (
+                reader.option("assign", json.dumps({self.topic: parts}))
+                .option(
+                    "startingOffsets",
+                    json.dumps({self.topic: {str(p): spans[p][0] for p in parts}}),
+                )
+                .option(
+                    "endingOffsets", json.dumps({self.topic: {str(p): spans[p][1] for p in parts}})
+                )
+            )
+        return reader.option("failOnDataLoss", "true").load()
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
             {
                 "bootstrap.servers": self.bootstrap_servers,
                 "group.id": "backfill-platform-status",  # never commits: offsets asked only
@@ -67,22 +128,17 @@ class OrdersTopicResource(ConfigurableResource):
             },
             logger=CLIENT_LOG,  # librdkafka's log to Python's logging, not the terminal
         )
+
+    def _partitions(self, consumer: Consumer) -> list[int]:
         try:
             metadata = consumer.list_topics(self.topic, timeout=self.timeout_seconds)
-            found = metadata.topics.get(self.topic)
-            if found is None or found.error is not None or not found.partitions:
-                why = found.error if found is not None and found.error else "no such topic"
-                raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {why}")
-            return {
-                p: consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=self.timeout_seconds
-                )
-                for p in sorted(found.partitions)
-            }
         except KafkaException as error:
             raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {error}") from None
-        finally:
-            consumer.close()
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            why = found.error if found is not None and found.error else "no such topic"
+            raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {why}")
+        return sorted(found.partitions)
 
 
 def orders_topic_from_settings() -> OrdersTopicResource:

@@ -531,6 +531,44 @@ class LakehouseResource(ConfigurableResource):
 
         return self._retrying_conflicts(name, f"append {app_id}@{app_version}", attempt)
 
+    def replace_messages(
+        self,
+        key: AssetKey | str,
+        df: DataFrame,
+        topic: str,
+        partition: int,
+        first: int,
+        end: int,
+        user_metadata: Mapping[str, Any],
+    ) -> CommitInfo:
+        """Replace exactly the rows of `topic`'s messages `partition`:[first, end) by `df`,
+        in one commit (a replay of that part of the log): Delta's replaceWhere on data
+        columns, which refuses any written row outside the span, so the landing path's rows
+        and every other message are untouched whatever `df` holds."""
+        name = _name(key)
+        token = uuid.uuid4().hex
+        metadata = {**user_metadata, "table": name, "write_mode": "replace", "commit_token": token}
+        quoted = topic.replace("'", "''")
+        predicate = (
+            f"kafka_topic = '{quoted}' AND kafka_partition = {int(partition)} "
+            f"AND kafka_offset >= {int(first)} AND kafka_offset < {int(end)}"
+        )
+
+        def attempt() -> CommitInfo:
+            with self.table_lock(key):
+                writer = (
+                    df.write.format("delta")
+                    .mode("overwrite")
+                    .option("replaceWhere", predicate)
+                    .option("userMetadata", json.dumps(metadata, sort_keys=True, default=str))
+                )
+                if self._check_schema(name, self.read(key).schema, df):
+                    writer = writer.option("mergeSchema", "true")
+                writer.save(self.table_path(key))
+                return self._find_commit(key, token)
+
+        return self._retrying_conflicts(name, f"replay p{partition} [{first}, {end})", attempt)
+
     def overwrite(
         self, key: AssetKey | str, df: DataFrame, user_metadata: Mapping[str, Any]
     ) -> int | None:
