@@ -57,6 +57,7 @@ from backfill_platform.automation.freeze import (
     FreezeRefused,
     active_freezes,
     freeze,
+    frozen_days,
     lift_finished,
     unfreeze,
 )
@@ -102,6 +103,7 @@ from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
 from backfill_platform.operations.stream import (
+    StagingFold,
     catch_up,
     report_batch,
     run_stream,
@@ -125,8 +127,16 @@ from backfill_platform.runner import (
     run_range,
     run_work,
 )
-from backfill_platform.settings import SHADOW_RETENTION_HOURS, SettingError, setting
+from backfill_platform.settings import (
+    SHADOW_RETENTION_HOURS,
+    STREAM_STAGING,
+    SettingError,
+    bool_setting,
+    setting,
+)
 from backfill_platform.tables import (
+    STAGING_ORDERS,
+    STAGING_REJECTS,
     TABLE_NAMES,
     check_shadow_suffix,
 )
@@ -680,7 +690,12 @@ def _stream(session: Session, args) -> Outcome:
     orders = orders_topic_from_settings()
     process = StreamProcess(dagster_home() / "stream")
     if args.action == "catch-up":
-        report = catch_up(session.lake, orders, on_batch=_reporter(session, orders.topic))
+        report = catch_up(
+            session.lake,
+            orders,
+            on_batch=_reporter(session, orders.topic),
+            fold=_staging_fold(session),
+        )
         return 0, report.to_dict(), report.describe()
     if args.action == "run":
         return _run_stream(session, orders, args.trigger_seconds)
@@ -742,6 +757,21 @@ def _replay(session: Session, args) -> Outcome:
     return status, payload, "\n".join(lines)
 
 
+def _staging_fold(session: Session) -> StagingFold | None:
+    """BACKFILL_STREAM_STAGING: the stream stages its batches itself, except the days a
+    freeze holds on staging (the live path leaves a frozen range alone)."""
+    if not bool_setting(STREAM_STAGING):
+        return None
+
+    def frozen(days: list[str]) -> set[str]:
+        held = frozen_days(
+            session.instance, [STAGING_ORDERS, STAGING_REJECTS], DayRange(days[0], days[-1])
+        )
+        return set(held) & set(days)
+
+    return StagingFold(frozen=frozen)
+
+
 def _reporter(session: Session, topic: str):
     """Each committed batch to the instance, as runless materializations of its days."""
     return lambda batch: report_batch(session.instance, topic, batch)
@@ -759,8 +789,10 @@ def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
         reported(batch)
         print(batch.describe(), flush=True)
 
-    print(f"streaming {orders.topic} from {orders.bootstrap_servers} into raw/orders", flush=True)
-    report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show)
+    into = "raw/orders and staging" if bool_setting(STREAM_STAGING) else "raw/orders"
+    print(f"streaming {orders.topic} from {orders.bootstrap_servers} into {into}", flush=True)
+    fold = _staging_fold(session)
+    report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show, fold=fold)
     return 0, report.to_dict(), f"stream stopped after {len(report.batches)} batch(es)"
 
 

@@ -69,6 +69,8 @@ STREAM_MAX_OFFSETS = EnvVar("BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH")
 # Seconds without a stream commit before raw/orders fails its freshness policy (WARN after
 # half); empty: no policy (a deployment without the stream). Read when definitions load.
 STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
+# true: the stream folds each batch into staging/orders itself (seconds, not a window run).
+STREAM_STAGING = EnvVar("BACKFILL_STREAM_STAGING")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -118,6 +120,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_ORDERS_TOPIC": "orders",
     "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH": "100000",
     "BACKFILL_STREAM_FRESHNESS_SECONDS": "",
+    "BACKFILL_STREAM_STAGING": "false",
 }
 
 

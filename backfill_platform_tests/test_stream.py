@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from functools import partial
 
 import pytest
-from dagster import AssetRecordsFilter, DagsterInstance, build_sensor_context
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, build_sensor_context
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
@@ -17,7 +17,12 @@ from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
 from backfill_platform.operations.replay import plan_replay, replay
-from backfill_platform.operations.stream import catch_up, report_batch, stream_status
+from backfill_platform.operations.stream import (
+    catch_up,
+    fold_into_staging,
+    report_batch,
+    stream_status,
+)
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
@@ -382,3 +387,44 @@ def test_boundary_reconciles_and_replay_rewrites_a_window(
     ):
         status, _, text = cli.execute(argv)
         assert status == 1 and named in text, text
+
+
+def test_stream_stages_its_batches_itself(stream_platform, broker, monkeypatch, tmp_path):
+    """BACKFILL_STREAM_STAGING=true: the batch's orders are in staging/orders when the
+    catch-up returns, no Dagster run involved, equal to what the staging asset builds, and
+    reported to the instance; a frozen day is left alone. Runs after the tests above (the
+    message `late-1` of the replay test is still unstreamed)."""
+    platform, lake = stream_platform, stream_platform.resources["lakehouse"]
+    day = LAUNCH.date().isoformat()
+    point_cli_at(monkeypatch, tmp_path, platform.landing, platform.lakehouse)
+    monkeypatch.setenv("BACKFILL_KAFKA_BOOTSTRAP", broker.bootstrap)
+    monkeypatch.setenv("BACKFILL_ORDERS_TOPIC", TOPIC)
+    monkeypatch.setenv("BACKFILL_STREAM_STAGING", "true")
+    refunded = order_line("both-1", "2024-01-10T20:00:00Z", status="refunded")
+    produce(broker.bootstrap, TOPIC, [Message("both-1", refunded, LAUNCH, "version")])
+
+    status, payload, text = cli.execute(["stream", "catch-up", "--json"])
+    assert status == 0, text
+    (batch,) = payload["batches"]
+    assert batch["rows"] == 2 and list(batch["staged"]["staging/orders"]) == [day]
+    staged = {r["order_id"]: r for r in platform.rows("staging/orders", f"event_date = '{day}'")}
+    assert staged["both-1"]["status"] == "refunded" and "late-1" in staged
+    with DagsterInstance.get() as instance:
+        (event,) = [
+            r.asset_materialization
+            for r in instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(["staging", "orders"])), limit=10
+            ).records
+        ]
+        assert event.partition == day and event.metadata["writer"].value == "stream"
+    # The staging asset's own run over the day builds the very same rows.
+    folded = platform.rows("staging/orders", f"event_date = '{day}'")
+    platform.materialize(day, selection=["staging/orders", "staging/orders_rejects"])
+    assert platform.rows("staging/orders", f"event_date = '{day}'") == folded
+
+    version = platform.version("staging/orders")
+    staged_days, held, _ = fold_into_staging(
+        lake, platform.version("raw/orders"), [day], [day], frozen=lambda days: {day}
+    )
+    assert staged_days == {} and held == [day]
+    assert platform.version("staging/orders") == version

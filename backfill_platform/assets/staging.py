@@ -6,6 +6,7 @@ late data is folded in without scanning all of history.
 """
 
 import json
+from datetime import date
 
 from dagster import (
     AssetDep,
@@ -78,11 +79,22 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
 )
 def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource):
     start, end = run_dates(context)
-    known = known_currencies(lakehouse)
     # One snapshot of raw for both outputs, recorded on their commits: the live stream keeps
     # appending to raw, and the blocking checks must compare with what this run read.
     version = lakehouse.current_version(RAW_ORDERS)
     read = {READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): version})}
+    staged, rejects = staging_frames(lakehouse, version, start, end)
+    yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier(), metadata=read)
+    yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier(), metadata=read)
+
+
+def staging_frames(
+    lakehouse: LakehouseResource, version: int | None, start: date, end: date
+) -> tuple[DataFrame, DataFrame]:
+    """Both outputs over [start, end) from raw at `version`: the orders of those event days
+    (latest wins) and the rejects of those ingest days. The live stream folds its batches
+    into staging with the very same frames (operations/stream.py)."""
+    known = known_currencies(lakehouse)
     raw = lakehouse.read(RAW_ORDERS, version)
     in_range = raw.where(
         (F.col("event_date") >= F.lit(start))
@@ -96,8 +108,7 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
             lakehouse.read_partitions(RAW_ORDERS, start, end, version), known
         ).where(F.col("reject_reason").isNotNull())
     )
-    yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier(), metadata=read)
-    yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier(), metadata=read)
+    return staged, rejects
 
 
 def staging_rejects(rejected: DataFrame) -> DataFrame:

@@ -16,22 +16,42 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dagster import AssetMaterialization, DagsterInstance, MetadataValue
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from backfill_platform.assets.staging import staging_frames
+from backfill_platform.ranges import ranges_of
+from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.resources.storage import join, list_dir
-from backfill_platform.tables import RAW_ORDERS, RAW_ORDERS_STREAM_COLUMN, table
+from backfill_platform.tables import (
+    RAW_ORDERS,
+    RAW_ORDERS_STREAM_COLUMN,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+    table,
+)
 from backfill_platform.transforms.messages import parse_messages
 
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
 STOP_GRACE_SECONDS = 90  # how long a stopping stream waits for its batch in flight
+# The days of a batch an active freeze holds (folding skips them), from the caller.
+FrozenDays = Callable[[list[str]], set[str]]
+
+
+@dataclass(frozen=True)
+class StagingFold:
+    """Fold each committed batch into staging/orders and staging/orders_rejects
+    (BACKFILL_STREAM_STAGING): the orders a batch touched are staged within the batch,
+    not by the next rolling-window run. `frozen` names the days a freeze holds."""
+
+    frozen: FrozenDays | None = None
 
 
 def checkpoint_location(lake: LakehouseResource) -> str:
@@ -48,6 +68,11 @@ class BatchReport:
     rows_by_day: dict[str, int]  # ingest day (raw/orders' partition) -> rows of the batch
     delta_version: int | None  # None: Delta already held this batch (a replay), skipped
     seconds: float
+    # Folded into staging (StagingFold): table -> {partition key: Delta version}; the days
+    # a freeze held; the fold's share of `seconds`.
+    staged: dict[str, dict[str, int]] = field(default_factory=dict)
+    held_by_freeze: list[str] = field(default_factory=list)
+    staging_seconds: float = 0.0
 
     @property
     def ingest_dates(self) -> list[str]:
@@ -60,10 +85,16 @@ class BatchReport:
             if self.delta_version is not None
             else "already in raw (replay skipped)"
         )
+        staged = ""
+        if self.staged:
+            days = sorted(self.staged.get(STAGING_ORDERS.to_user_string(), {}))
+            staged = f"; staged event days {','.join(days) or '-'} ({self.staging_seconds:.1f} s)"
+        if self.held_by_freeze:
+            staged += f"; frozen, left to the window: {','.join(self.held_by_freeze)}"
         return (
             f"batch {self.batch_id}: {self.rows} rows, {self.rejects} rejects, "
             f"offsets {spans or '-'}, ingest days {','.join(self.ingest_dates) or '-'}: "
-            f"{done} ({self.seconds:.1f} s)"
+            f"{done} ({self.seconds:.1f} s){staged}"
         )
 
 
@@ -103,10 +134,15 @@ class CatchUpReport:
 
 
 def write_batch(
-    lake: LakehouseResource, messages: DataFrame, batch_id: int, app_id: str, topic: str
+    lake: LakehouseResource,
+    messages: DataFrame,
+    batch_id: int,
+    app_id: str,
+    topic: str,
+    fold: StagingFold | None = None,
 ) -> BatchReport:
     """One micro-batch into raw/orders in one idempotent Delta append (skipped if Delta
-    already holds `app_id`'s batch `batch_id`)."""
+    already holds `app_id`'s batch `batch_id`), then, with `fold`, into staging."""
     started = time.monotonic()
     # One file per ingest day per batch (the Kafka source reads one task per partition).
     rows = parse_messages(messages).repartition("ingest_date").persist()
@@ -128,7 +164,7 @@ def write_batch(
         days = sorted(rows_by_day)
         count = sum(rows_by_day.values())
         rejects = sum(r["rejects"] for r in groups)
-        version = None
+        version, folded = None, None
         if count:
             commit = lake.append_once(
                 RAW_ORDERS,
@@ -150,11 +186,68 @@ def write_batch(
                 },
             )
             version = commit.version if commit else None
+        if count and fold is not None:
+            # A batch Delta skipped had committed raw before the process died, perhaps
+            # before its fold: folding again from the current raw is idempotent.
+            raw_version = version if version is not None else lake.current_version(RAW_ORDERS)
+            event_days = [
+                r["event_date"].isoformat()
+                for r in rows.where(F.col("reject_reason").isNull())
+                .select("event_date")
+                .distinct()
+                .collect()
+            ]
+            folded = fold_into_staging(lake, raw_version, event_days, days, fold.frozen)
     finally:
         rows.unpersist()
-    return BatchReport(
+    report = BatchReport(
         batch_id, count, rejects, offsets, rows_by_day, version, time.monotonic() - started
     )
+    if folded is not None:
+        staged, held, seconds = folded
+        report = replace(report, staged=staged, held_by_freeze=held, staging_seconds=seconds)
+    return report
+
+
+def fold_into_staging(
+    lake: LakehouseResource,
+    raw_version: int,
+    event_days: list[str],
+    ingest_days: list[str],
+    frozen: FrozenDays | None = None,
+) -> tuple[dict[str, dict[str, int]], list[str], float]:
+    """Staging's orders of `event_days` and rejects of `ingest_days`, rebuilt from raw at
+    `raw_version` with the staging asset's own frames, one replace per run of consecutive
+    days (the same atomic partition replace a Dagster run does). Days a freeze holds are
+    skipped. Returns table -> {day: version}, the held days and the seconds it took.
+
+    A run that read raw before this batch and commits staging after it would put back
+    the days without the batch's rows; the rolling window (recent days) and the staleness
+    sensor (older ones) see raw's rows uncounted and rebuild them (docs/live-stream.md).
+    """
+    started = time.monotonic()
+    held = sorted(frozen(sorted({*event_days, *ingest_days}))) if frozen else []
+    metadata = {
+        "writer": STREAM_WRITER,
+        READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): raw_version}),
+    }
+    staged: dict[str, dict[str, int]] = {}
+    for key, days in ((STAGING_ORDERS, event_days), (STAGING_REJECTS, ingest_days)):
+        for span in ranges_of(d for d in days if d not in held):
+            orders, rejects = staging_frames(lake, raw_version, span.start, span.end)
+            commit = lake.replace_range(
+                key,
+                orders if key == STAGING_ORDERS else rejects,
+                table(key).partition_column,
+                span.start,
+                span.end,
+                metadata
+                | {"asset_key": key.to_user_string(), "code_version": table(key).code_version},
+            )
+            staged.setdefault(key.to_user_string(), {}).update(
+                dict.fromkeys(span.partition_keys(), commit.version)
+            )
+    return staged, held, time.monotonic() - started
 
 
 def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> None:
@@ -162,10 +255,24 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> N
     every raw/orders partition it wrote (batch id, Delta version, rows, offsets), so the
     asset's partitions show the stream's progress per day beside the backfills' runs and
     their downstream partitions turn stale as late messages land. A replay that Delta
-    skipped wrote nothing and is not reported."""
+    skipped wrote nothing to raw and is not reported; what a fold staged is."""
+    spans = {str(p): list(span) for p, span in sorted(batch.offsets.items())}
+    for name, versions in sorted(batch.staged.items()):
+        for day, version in sorted(versions.items()):
+            instance.report_runless_asset_event(
+                AssetMaterialization(
+                    asset_key=AssetKey.from_user_string(name),
+                    partition=day,
+                    description=f"stream batch {batch.batch_id} folded into {name}",
+                    metadata={
+                        "writer": STREAM_WRITER,
+                        "batch_id": batch.batch_id,
+                        "delta_version": version,
+                    },
+                )
+            )
     if batch.delta_version is None:
         return
-    spans = {str(p): list(span) for p, span in sorted(batch.offsets.items())}
     for day, rows in sorted(batch.rows_by_day.items()):
         instance.report_runless_asset_event(
             AssetMaterialization(
@@ -188,12 +295,13 @@ def catch_up(
     lake: LakehouseResource,
     orders: OrdersTopicResource,
     on_batch: Callable[[BatchReport], None] | None = None,
+    fold: StagingFold | None = None,
 ) -> CatchUpReport:
     """Every message the topic holds now and raw does not, then stop (Spark's AvailableNow
     trigger: the offsets available at the start, in batches of `max_offsets_per_batch`)."""
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
     clock = time.monotonic()
-    query = _start(lake, orders, report, {"availableNow": True}, on_batch)
+    query = _start(lake, orders, report, {"availableNow": True}, on_batch, fold)
     query.awaitTermination()
     report.seconds = time.monotonic() - clock
     return report
@@ -205,6 +313,7 @@ def run_stream(
     stop: threading.Event,
     trigger_seconds: float = 5.0,
     on_batch: Callable[[BatchReport], None] | None = None,
+    fold: StagingFold | None = None,
 ) -> CatchUpReport:
     """The stream until `stop` is set: a micro-batch every `trigger_seconds` while messages
     arrive. Stopping between or inside a batch is safe: an unfinished batch is re-run over
@@ -212,7 +321,8 @@ def run_stream(
     query raises (its exception), so a supervisor sees it and starts it again."""
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
     clock = time.monotonic()
-    query = _start(lake, orders, report, {"processingTime": f"{trigger_seconds} seconds"}, on_batch)
+    trigger = {"processingTime": f"{trigger_seconds} seconds"}
+    query = _start(lake, orders, report, trigger, on_batch, fold)
     try:
         while not stop.is_set() and query.isActive:
             query.awaitTermination(1)
@@ -234,6 +344,7 @@ def _start(
     report: CatchUpReport,
     trigger: dict[str, Any],
     on_batch: Callable[[BatchReport], None] | None = None,
+    fold: StagingFold | None = None,
 ) -> StreamingQuery:
     """The query from the topic into raw/orders, batches recorded in `report`."""
     # The batch function needs the query's id, known once start() returns; a batch that
@@ -243,7 +354,7 @@ def _start(
 
     def each_batch(messages: DataFrame, batch_id: int) -> None:
         started.wait()
-        batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic)
+        batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic, fold)
         report.batches.append(batch)
         if on_batch is not None:
             on_batch(batch)
