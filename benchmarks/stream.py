@@ -7,8 +7,12 @@ Streaming, raw/orders exactly once, each batch folded into staging: BACKFILL_STR
   the query's seconds (raw and staging written, JVM already warm);
 - **steady**: the shop produces `--rate` messages/s for `--seconds` while the stream runs
   (a micro-batch every `--trigger-seconds`); each message's latency is the wall time from
-  its send to the end of the batch that put it in staging/orders (its `on_batch` call),
-  p50/p95/max, and the batches' count and longest.
+  its due send time to the end of the batch that put it in staging/orders (its `on_batch`
+  call), p50/p95/max, and the batches' count and longest;
+- **beside a backfill**: the same, while `backfill-platform backfill --in-process` (a process
+  and JVM of its own, as a deployment's run) rewrites `--history-days` of history of raw,
+  FX, staging and both marts in the same lakehouse (the CRM layer aside: it needs the CRM
+  server); the backfill's seconds and exit status are recorded.
 
 Prints a table, writes `benchmarks/results/stream-<timestamp>.json`.
 """
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="steady: how long")
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--history-days", type=int, default=365, help="beside: backfilled")
+    parser.add_argument("--history-orders-per-day", type=int, default=20)
     args = parser.parse_args(argv)
 
     from backfill_platform.operations.stream import StagingFold, catch_up
@@ -79,10 +87,24 @@ def main(argv: list[str] | None = None) -> int:
         steady = _steady(lake, orders, fold, args, first_order=50 + args.messages, per_day=per_day)
         result["steady"] = steady
         result["warm_up_messages"] = len(warm)
+        print(f"steady: {steady}", flush=True)
+        first_order = 50 + args.messages + int(args.rate * args.seconds)
+        backfill = _start_backfill(work, platform, args)
+        beside = _steady(lake, orders, fold, args, first_order=first_order, per_day=per_day)
+        beside["backfill_running_at_the_end"] = backfill["process"].poll() is None
+        code = backfill["process"].wait()
+        beside["backfill"] = {
+            "days": args.history_days,
+            "landing": backfill["lines"],
+            "seconds": round(time.monotonic() - backfill["started"], 1),
+            "exit_status": code,
+            "log": str(backfill["log"]),
+        }
+        result["beside_backfill"] = beside
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
-    a, s = result["alone"], result["steady"]
+    a, s, b = result["alone"], result["steady"], result["beside_backfill"]
     print()
     print("| run | messages | events/s | batches | latency p50 s | p95 s | max s | target |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
@@ -97,8 +119,42 @@ def main(argv: list[str] | None = None) -> int:
         f"{s['latency_p95']} | {s['latency_max']} | p95 <= 60 s: "
         f"{'met' if s['latency_p95'] <= 60 else 'NOT met'} |"
     )
+    print(
+        f"| beside a {args.history_days}-day backfill ({b['backfill']['seconds']:.0f} s, exit "
+        f"{b['backfill']['exit_status']}) | {b['messages']:,} | {b['events_per_second']:,.0f} | "
+        f"{b['batches']} | {b['latency_p50']} | {b['latency_p95']} | {b['latency_max']} | "
+        f">= 1,000 events/s and p95 <= 60 s: "
+        f"{'met' if b['events_per_second'] >= 1000 and b['latency_p95'] <= 60 else 'NOT met'} |"
+    )
     print(f"\nwritten {out}")
     return 0
+
+
+def _start_backfill(work: Path, platform, args) -> dict:
+    """Every layer but the CRM's over the history before the launch, in a process of its own
+    on the stream's lakehouse, from a landing zone of its own (the export)."""
+    from backfill_platform.sources.generate import generate_landing
+
+    last = LAUNCH.date() - timedelta(days=1)
+    first = last - timedelta(days=args.history_days - 1)
+    landing = work / "export"
+    made = generate_landing(landing, first, last, args.history_orders_per_day, 7, progress=False)
+    home = work / "backfill_home"
+    home.mkdir()
+    log = work / "backfill.log"
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "BACKFILL_LANDING_DIR": str(landing),
+        "BACKFILL_LAKEHOUSE_DIR": str(platform.lakehouse),
+    }
+    select = "raw/orders,raw/fx_rates,staging/orders,marts/fct_daily_revenue,marts/customer_ltv"
+    command = [sys.executable, "-m", "backfill_platform", "backfill", "--in-process"]
+    command += ["--select", select, "--start", first.isoformat(), "--end", last.isoformat()]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    stats = {k: v for k, v in made.items() if k != "files"}
+    return {"process": process, "started": time.monotonic(), "log": log, "lines": stats}
 
 
 def _steady(lake, orders, fold, args, first_order: int, per_day: int) -> dict:
@@ -106,7 +162,6 @@ def _steady(lake, orders, fold, args, first_order: int, per_day: int) -> dict:
     from backfill_platform.operations.stream import run_stream
     from backfill_platform.sources.producer import produce, shop_events
 
-    sent_at: dict[tuple[int, int], float] = {}
     done_at: dict[tuple[int, int], float] = {}
     batches: list[float] = []
     stop = threading.Event()
@@ -126,16 +181,11 @@ def _steady(lake, orders, fold, args, first_order: int, per_day: int) -> dict:
     stream.start()
     total = int(args.rate * args.seconds)
     messages = shop_events(LAUNCH, total, first_order=first_order, orders_per_day=per_day)[:total]
-    tick = 0.5
-    per_tick = max(1, int(args.rate * tick))
+    # One idempotent producer paced at the rate; message i is due at started + i / rate and
+    # sent then or later, so latency from its due time is an upper bound.
     started = time.monotonic()
-    for index in range(0, len(messages), per_tick):
-        ahead = started + (index / per_tick) * tick - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
-        now = time.monotonic()
-        for p in produce(orders.bootstrap_servers, TOPIC, messages[index : index + per_tick]):
-            sent_at[(p.partition, p.offset)] = now
+    stored = produce(orders.bootstrap_servers, TOPIC, messages, rate=args.rate)
+    sent_at = {(p.partition, p.offset): started + i / args.rate for i, p in enumerate(stored)}
     produced_seconds = time.monotonic() - started
     deadline = time.monotonic() + 300
     while len(set(sent_at) - set(done_at)) and time.monotonic() < deadline:
