@@ -123,11 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         f"| beside a {args.history_days}-day backfill ({b['backfill']['seconds']:.0f} s, exit "
         f"{b['backfill']['exit_status']}) | {b['messages']:,} | {b['events_per_second']:,.0f} | "
         f"{b['batches']} | {b['latency_p50']} | {b['latency_p95']} | {b['latency_max']} | "
-        f">= 1,000 events/s and p95 <= 60 s: "
-        f"{'met' if b['events_per_second'] >= 1000 and b['latency_p95'] <= 60 else 'NOT met'} |"
+        f"kept up with >= 1,000 events/s and p95 <= 60 s: "
+        f"{'met' if _kept_up(b, 1000) and b['latency_p95'] <= 60 else 'NOT met'} |"
     )
     print(f"\nwritten {out}")
     return 0
+
+
+def _kept_up(phase: dict, rate: float) -> bool:
+    """Every message staged, sent at the rate (within 1 %: the producer's pacing)."""
+    return phase["not_staged"] == 0 and phase["events_per_second"] >= 0.99 * rate
 
 
 def _start_backfill(work: Path, platform, args) -> dict:
@@ -147,6 +152,8 @@ def _start_backfill(work: Path, platform, args) -> dict:
         "DAGSTER_HOME": str(home),
         "BACKFILL_LANDING_DIR": str(landing),
         "BACKFILL_LAKEHOUSE_DIR": str(platform.lakehouse),
+        # The history starts the partitions: LTV's first snapshot has no day before it.
+        "BACKFILL_START_DATE": first.isoformat(),
     }
     select = "raw/orders,raw/fx_rates,staging/orders,marts/fct_daily_revenue,marts/customer_ltv"
     command = [sys.executable, "-m", "backfill_platform", "backfill", "--in-process"]
