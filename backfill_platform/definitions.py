@@ -41,6 +41,7 @@ from backfill_platform.settings import (
     SPARK_DRIVER_MEMORY,
     SPARK_MASTER,
     SPARK_SHUFFLE_PARTITIONS,
+    STREAM_CHECK,
     SettingError,
     bool_setting,
     fraction_setting,
@@ -135,13 +136,11 @@ def default_limiter_path(lakehouse_dir: str) -> str:
     return str(Path(lakehouse_dir).resolve().parent / "crm_rate_limit.sqlite")
 
 
-# A deployment that runs the stream sets its freshness window; only there does raw/orders
-# carry the policy and the boundary check that asks the broker (checks/stream.py).
-_stream_freshness = stream_freshness_policy()
-
 defs = Definitions(
-    assets=[*with_stream_freshness(all_assets, _stream_freshness), *shadow_assets],
-    asset_checks=[*all_checks, *(stream_checks if _stream_freshness else [])],
+    assets=[*with_stream_freshness(all_assets, stream_freshness_policy()), *shadow_assets],
+    # The boundary check asks the broker in every raw/orders run: only where the deployment
+    # runs the stream and says so (checks/stream.py).
+    asset_checks=[*all_checks, *(stream_checks if bool_setting(STREAM_CHECK) else [])],
     resources=build_resources(),
     jobs=[*all_jobs, *operations_jobs],
     schedules=all_schedules,

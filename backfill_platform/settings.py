@@ -71,6 +71,8 @@ STREAM_MAX_OFFSETS = EnvVar("BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH")
 STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
 # true: the stream folds each batch into staging/orders itself (seconds, not a window run).
 STREAM_STAGING = EnvVar("BACKFILL_STREAM_STAGING")
+# true: raw/orders carries the stream_offsets_once check, which asks the broker in every run.
+STREAM_CHECK = EnvVar("BACKFILL_STREAM_CHECK")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -121,6 +123,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH": "100000",
     "BACKFILL_STREAM_FRESHNESS_SECONDS": "",
     "BACKFILL_STREAM_STAGING": "false",
+    "BACKFILL_STREAM_CHECK": "false",
 }
 
 

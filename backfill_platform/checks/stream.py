@@ -6,7 +6,8 @@ timestamp of every retained message), not the stream's own commit metadata, so a
 that was lost, doubled or written under another query id shows. A message the stream has
 not reached yet (at or past raw's newest offset of its partition) is lag, reported and
 not failed: `stream status` and the freshness policy watch lag; this check proves what was
-written. Only in deployments that run the stream (`stream_checks`, definitions.py).
+written. Only where BACKFILL_STREAM_CHECK is true (definitions.py): it asks the broker
+in every raw/orders run.
 """
 
 from dagster import AssetCheckExecutionContext, AssetCheckSeverity, asset_check
