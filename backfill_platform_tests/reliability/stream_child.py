@@ -23,10 +23,10 @@ BATCH_SIZE = 10  # messages per micro-batch, so a few dozen messages make severa
 def main(lakehouse: str, bootstrap: str, topic: str, batch: str, when: str) -> int:
     real = stream.write_batch
 
-    def write_then_die(lake, messages, batch_id, app_id, topic_name):
+    def write_then_die(lake, messages, batch_id, app_id, topic_name, fold=None):
         if batch_id == int(batch) and when == "before_commit":
             os.killpg(0, signal.SIGKILL)
-        report = real(lake, messages, batch_id, app_id, topic_name)
+        report = real(lake, messages, batch_id, app_id, topic_name, fold)
         if batch_id == int(batch) and when == "after_commit":
             os.killpg(0, signal.SIGKILL)
         return report
