@@ -131,17 +131,36 @@ def _per_day(
     return {r["day"].isoformat(): {m: int(r[m]) for m in METRICS} for r in rows}
 
 
-def _held(lakehouse: LakehouseResource, topic: str) -> DataFrame | None:
-    """raw/orders' stream rows of `topic`: copies per (partition, offset), and their day."""
+def stream_rows(lakehouse: LakehouseResource, topic: str) -> DataFrame | None:
+    """raw/orders' rows of `topic`'s messages; None while raw has none of any topic."""
     if not lakehouse.exists(RAW_ORDERS):
         return None
     raw = lakehouse.read(RAW_ORDERS)
     if RAW_ORDERS_STREAM_COLUMN not in raw.columns:
         return None
-    return (
-        raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == topic)
-        .groupBy(F.col("kafka_partition").alias("p"), F.col("kafka_offset").alias("o"))
-        .agg(F.count(F.lit(1)).alias("copies"), F.min("ingest_date").alias("raw_day"))
+    return raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == topic)
+
+
+def stream_position(lakehouse: LakehouseResource, topic: str) -> dict[int, int]:
+    """Partition -> one past the newest offset raw holds: what the stream has written."""
+    rows = stream_rows(lakehouse, topic)
+    if rows is None:
+        return {}
+    return {
+        r["p"]: r["next"]
+        for r in rows.groupBy(F.col("kafka_partition").alias("p"))
+        .agg((F.max("kafka_offset") + 1).alias("next"))
+        .collect()
+    }
+
+
+def _held(lakehouse: LakehouseResource, topic: str) -> DataFrame | None:
+    """raw/orders' stream rows of `topic`: copies per (partition, offset), and their day."""
+    rows = stream_rows(lakehouse, topic)
+    if rows is None:
+        return None
+    return rows.groupBy(F.col("kafka_partition").alias("p"), F.col("kafka_offset").alias("o")).agg(
+        F.count(F.lit(1)).alias("copies"), F.min("ingest_date").alias("raw_day")
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.reconciliation import raw_vs_landing, staging_vs_raw
-from backfill_platform.checks.stream import stream_vs_topic
+from backfill_platform.checks.stream import stream_rows, stream_vs_topic
 from backfill_platform.operations.arguments import InvalidArgument
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
@@ -172,20 +172,14 @@ def reconcile_boundary(
 
 def _stream_extent(lakehouse: LakehouseResource, topic: str) -> tuple[list[str], str | None]:
     """First and last ingest day of raw's stream rows, and the first message's timestamp."""
-    if not lakehouse.exists(RAW_ORDERS):
+    rows = stream_rows(lakehouse, topic)
+    if rows is None:
         return [], None
-    raw = lakehouse.read(RAW_ORDERS)
-    if RAW_ORDERS_STREAM_COLUMN not in raw.columns:
-        return [], None
-    row = (
-        raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == topic)
-        .agg(
-            F.min("ingest_date").alias("first"),
-            F.max("ingest_date").alias("last"),
-            F.min("kafka_timestamp").alias("at"),
-        )
-        .first()
-    )
+    row = rows.agg(
+        F.min("ingest_date").alias("first"),
+        F.max("ingest_date").alias("last"),
+        F.min("kafka_timestamp").alias("at"),
+    ).first()
     if row is None or row["first"] is None:
         return [], None
     return [row["first"].isoformat(), row["last"].isoformat()], row["at"].isoformat() + "Z"

@@ -26,6 +26,7 @@ from typing import Any
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
 from pyspark.sql import functions as F
 
+from backfill_platform.checks.stream import stream_position, stream_rows
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.operations.arguments import InvalidArgument
 from backfill_platform.ranges import ranges_of
@@ -33,7 +34,6 @@ from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.tables import (
     RAW_ORDERS,
-    RAW_ORDERS_STREAM_COLUMN,
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
@@ -146,7 +146,7 @@ def plan_replay(
     else:
         raise InvalidArgument("replay needs where to start: --from (an instant) or --from-offsets")
     stop = orders.offsets_at(to)
-    position = _stream_position(lakehouse, orders.topic)
+    position = stream_position(lakehouse, orders.topic)
     spans, rest = {}, {}
     for p, first in sorted(begin.items()):
         earliest, _ = broker[p]
@@ -177,12 +177,12 @@ def replay(
     clock = time.monotonic()
     size = orders.max_offsets_per_batch
     touched: set[str] = set()
-    raw = lakehouse.read(RAW_ORDERS) if lakehouse.exists(RAW_ORDERS) else None
+    raw = stream_rows(lakehouse, plan.topic)
     for p, (first, end) in sorted(plan.spans.items()):
         for lo in range(first, end, size):
             hi = min(end, lo + size)
             if raw is not None:  # the event days the old rows held, rebuilt too
-                touched |= _event_days(_span(raw, plan.topic, p, lo, hi))
+                touched |= _event_days(_span(raw, p, lo, hi))
             chunk = _replay_chunk(lakehouse, orders, report.replay_id, p, lo, hi, touched)
             report.chunks.append(chunk)
             if instance is not None:
@@ -270,10 +270,9 @@ def _report(instance: DagsterInstance, topic: str, replay_id: str, chunk: Replay
         )
 
 
-def _span(raw, topic: str, p: int, lo: int, hi: int):
-    return raw.where(
-        (F.col(RAW_ORDERS_STREAM_COLUMN) == topic)
-        & (F.col("kafka_partition") == p)
+def _span(rows, p: int, lo: int, hi: int):
+    return rows.where(
+        (F.col("kafka_partition") == p)
         & (F.col("kafka_offset") >= lo)
         & (F.col("kafka_offset") < hi)
     )
@@ -285,21 +284,5 @@ def _event_days(rows) -> set[str]:
         for r in rows.where(F.col("event_date").isNotNull())
         .select("event_date")
         .distinct()
-        .collect()
-    }
-
-
-def _stream_position(lakehouse: LakehouseResource, topic: str) -> dict[int, int]:
-    """Partition -> one past the newest offset raw holds: what the stream has written."""
-    if not lakehouse.exists(RAW_ORDERS):
-        return {}
-    raw = lakehouse.read(RAW_ORDERS)
-    if RAW_ORDERS_STREAM_COLUMN not in raw.columns:
-        return {}
-    return {
-        r["p"]: r["next"]
-        for r in raw.where(F.col(RAW_ORDERS_STREAM_COLUMN) == topic)
-        .groupBy(F.col("kafka_partition").alias("p"))
-        .agg((F.max("kafka_offset") + 1).alias("next"))
         .collect()
     }
