@@ -4,7 +4,8 @@ A real one-node broker, the demo shop's messages, the platform's own stream (Str
 Streaming, raw/orders exactly once, each batch folded into staging: BACKFILL_STREAM_STAGING):
 
 - **alone**: `--messages` produced up front, then one catch-up; events/s = messages over
-  the query's seconds (raw and staging written, JVM already warm);
+  the query's seconds (raw and staging written). Twice: the first large batch after the
+  start (it pays the JIT's compiling) and again, sustained (the target's figure);
 - **steady**: the shop produces `--rate` messages/s for `--seconds` while the stream runs
   (a micro-batch every `--trigger-seconds`); each message's latency is the wall time from
   its due send time to the end of the batch that put it in staging/orders (its `on_batch`
@@ -71,24 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         warm = produce(broker.bootstrap, TOPIC, shop_events(LAUNCH, 50, orders_per_day=per_day))
         catch_up(lake, orders, fold=fold)  # JVM, Kafka client and Delta warm
 
-        messages = shop_events(LAUNCH, args.messages // 2, first_order=50, orders_per_day=per_day)
-        messages = messages[: args.messages]
-        produced = produce(broker.bootstrap, TOPIC, messages)
-        alone = catch_up(lake, orders, fold=fold)
-        result["alone"] = {
-            "messages": len(produced),
-            "batches": len(alone.batches),
-            "seconds": round(alone.seconds, 2),
-            "events_per_second": round(len(produced) / alone.seconds, 1),
-            "staging_seconds": round(sum(b.staging_seconds for b in alone.batches), 2),
-        }
-        print(f"alone: {result['alone']}", flush=True)
+        # The first large batch pays the JIT's compiling of the parse and write paths; a
+        # stream that runs for hours pays it once. Both are reported, the target is judged
+        # on the second (sustained).
+        for phase, first_order in (("first_batch", 50), ("alone", 50 + args.messages)):
+            result[phase] = _alone(lake, orders, fold, args.messages, first_order, per_day)
+            print(f"{phase}: {result[phase]}", flush=True)
 
-        steady = _steady(lake, orders, fold, args, first_order=50 + args.messages, per_day=per_day)
+        first_order = 50 + 2 * args.messages
+        steady = _steady(lake, orders, fold, args, first_order=first_order, per_day=per_day)
         result["steady"] = steady
         result["warm_up_messages"] = len(warm)
         print(f"steady: {steady}", flush=True)
-        first_order = 50 + args.messages + int(args.rate * args.seconds)
+        first_order += int(args.rate * args.seconds)
         backfill = _start_backfill(work, platform, args)
         beside = _steady(lake, orders, fold, args, first_order=first_order, per_day=per_day)
         beside["backfill_running_at_the_end"] = backfill["process"].poll() is None
@@ -104,12 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
-    a, s, b = result["alone"], result["steady"], result["beside_backfill"]
+    f, a, s, b = (result[k] for k in ("first_batch", "alone", "steady", "beside_backfill"))
     print()
     print("| run | messages | events/s | batches | latency p50 s | p95 s | max s | target |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     print(
-        f"| alone (raw + staging) | {a['messages']:,} | {a['events_per_second']:,.0f} | "
+        f"| alone, first large batch after start (raw + staging) | {f['messages']:,} | "
+        f"{f['events_per_second']:,.0f} | {f['batches']} | - | - | - | (JIT warm-up) |"
+    )
+    print(
+        f"| alone, sustained (raw + staging) | {a['messages']:,} | {a['events_per_second']:,.0f} | "
         f"{a['batches']} | - | - | - | >= 5,000 events/s: "
         f"{'met' if a['events_per_second'] >= 5000 else 'NOT met'} |"
     )
@@ -128,6 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nwritten {out}")
     return 0
+
+
+def _alone(lake, orders, fold, count: int, first_order: int, per_day: int) -> dict:
+    """`count` messages produced up front, then one catch-up: events/s over its seconds."""
+    from backfill_platform.operations.stream import catch_up
+    from backfill_platform.sources.producer import produce, shop_events
+
+    messages = shop_events(LAUNCH, count // 2, first_order=first_order, orders_per_day=per_day)
+    produced = produce(orders.bootstrap_servers, TOPIC, messages[:count])
+    report = catch_up(lake, orders, fold=fold)
+    return {
+        "messages": len(produced),
+        "batches": len(report.batches),
+        "seconds": round(report.seconds, 2),
+        "events_per_second": round(len(produced) / report.seconds, 1),
+        "staging_seconds": round(sum(b.staging_seconds for b in report.batches), 2),
+    }
 
 
 def _kept_up(phase: dict, rate: float) -> bool:

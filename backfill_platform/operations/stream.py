@@ -152,6 +152,10 @@ def write_batch(
             F.max("kafka_offset").alias("last"),
             F.count(F.lit(1)).alias("rows"),
             F.count("reject_reason").alias("rejects"),
+            # The event days a fold rebuilds, in the same job (valid rows only).
+            F.collect_set(F.when(F.col("reject_reason").isNull(), F.col("event_date"))).alias(
+                "event_days"
+            ),
         )
         groups = stats.collect()
         offsets: dict[int, tuple[int, int]] = {}
@@ -190,13 +194,7 @@ def write_batch(
             # A batch Delta skipped had committed raw before the process died, perhaps
             # before its fold: folding again from the current raw is idempotent.
             raw_version = version if version is not None else lake.current_version(RAW_ORDERS)
-            event_days = [
-                r["event_date"].isoformat()
-                for r in rows.where(F.col("reject_reason").isNull())
-                .select("event_date")
-                .distinct()
-                .collect()
-            ]
+            event_days = sorted({d.isoformat() for r in groups for d in r["event_days"]})
             folded = fold_into_staging(lake, raw_version, event_days, days, fold.frozen)
     finally:
         rows.unpersist()
