@@ -29,6 +29,27 @@ LANDING_DAYS = $(shell ls $(LANDING)/orders $(LANDING)/fx_rates 2>/dev/null | \
 DEMO_FIRST = $(or $(firstword $(LANDING_DAYS)),$(DEMO_START))
 DEMO_LAST = $(or $(lastword $(LANDING_DAYS)),$(DEMO_END))
 
+# STREAM=on: the demo and the UI with the live Kafka stream (docs/live-stream.md). `make demo`
+# starts the broker, sends STREAM_DAYS days of the live shop from the day after DEMO_END and
+# catches the stream up into raw/orders and staging; `make ui` runs the stream beside the UI
+# under its supervisor sensor, with the stream's check and freshness policy on raw/orders.
+# The partitions then run to the stream's last day. `make kafka-stop` stops the broker,
+# `make cli ARGS="stream stop"` the stream.
+STREAM ?= off
+STREAM_DAYS ?= 3
+ifeq ($(STREAM),on)
+STREAM_LAST = $(shell date -u -d "$(DEMO_END) + $(STREAM_DAYS) days" +%F)
+PARTITIONS_LAST = $(lastword $(sort $(DEMO_LAST) $(STREAM_LAST)))
+STREAM_DEMO_ARGS = --stream-days $(STREAM_DAYS)
+STREAM_UI_ENV = BACKFILL_STREAM_SUPERVISOR=true BACKFILL_STREAM_CHECK=true \
+	BACKFILL_STREAM_FRESHNESS_SECONDS=$(STREAM_FRESHNESS_SECONDS)
+STREAM_FRESHNESS_SECONDS ?= 300
+STREAM_BROKER = kafka-start
+export BACKFILL_STREAM_STAGING ?= true
+else
+PARTITIONS_LAST = $(DEMO_LAST)
+endif
+
 # The demo CRM (contract 1.3): `make demo` and `make ui` start it on 127.0.0.1:8765 with
 # this token unless BACKFILL_CRM_URL points at another CRM.
 export BACKFILL_CRM_TOKEN ?= demo-crm-token
@@ -68,10 +89,10 @@ dagster-home:
 	@cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
 
 # Prints the log file's path first, a progress bar and a short summary (under 60 lines).
-demo: install dagster-home
-	@BACKFILL_START_DATE=$(DEMO_START) BACKFILL_END_DATE=$(DEMO_LAST) \
+demo: install dagster-home $(STREAM_BROKER)
+	@BACKFILL_START_DATE=$(DEMO_START) BACKFILL_END_DATE=$(PARTITIONS_LAST) \
 		$(PY) -m backfill_platform.demo --start $(DEMO_START) --end $(DEMO_END) \
-		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
+		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED) $(STREAM_DEMO_ARGS)
 
 # The next day's landing files into the demo's landing zone (the live path's input; README
 # "Trying the live path"). Its recorded parameters win over DEMO_*/ORDERS_PER_DAY/SEED.
@@ -82,7 +103,7 @@ deliver-day: install
 # The operator command without activating the venv, with the partitions `make ui` uses:
 # make cli ARGS="plan --select marts/fct_daily_revenue --start 2025-01-01 --end 2025-01-31"
 cli: install
-	@BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+	@BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(PARTITIONS_LAST) \
 		$(VENV)/bin/backfill-platform $(ARGS)
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures stay in one process):
@@ -199,8 +220,8 @@ bench-s3: install s3-deps
 s3-race-demo: install s3-deps
 	$(PY) -m pytest -q -s -p no:cacheprovider -m hazard backfill_platform_tests/e2e/test_object_storage.py
 
-ui: install dagster-home
-	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(DEMO_LAST) \
+ui: install dagster-home $(STREAM_BROKER)
+	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(PARTITIONS_LAST) $(STREAM_UI_ENV) \
 		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
 		$(VENV)/bin/dagster dev -w workspace.yaml $(UI_ARGS)
 

@@ -694,7 +694,7 @@ def _stream(session: Session, args) -> Outcome:
             session.lake,
             orders,
             on_batch=_reporter(session, orders.topic),
-            fold=_staging_fold(session),
+            fold=staging_fold(session.instance),
         )
         return 0, report.to_dict(), report.describe()
     if args.action == "run":
@@ -757,16 +757,14 @@ def _replay(session: Session, args) -> Outcome:
     return status, payload, "\n".join(lines)
 
 
-def _staging_fold(session: Session) -> StagingFold | None:
+def staging_fold(instance: DagsterInstance) -> StagingFold | None:
     """BACKFILL_STREAM_STAGING: the stream stages its batches itself, except the days a
     freeze holds on staging (the live path leaves a frozen range alone)."""
     if not bool_setting(STREAM_STAGING):
         return None
 
     def frozen(days: list[str]) -> set[str]:
-        held = frozen_days(
-            session.instance, [STAGING_ORDERS, STAGING_REJECTS], DayRange(days[0], days[-1])
-        )
+        held = frozen_days(instance, [STAGING_ORDERS, STAGING_REJECTS], DayRange(days[0], days[-1]))
         return set(held) & set(days)
 
     return StagingFold(frozen=frozen)
@@ -791,7 +789,7 @@ def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
 
     into = "raw/orders and staging" if bool_setting(STREAM_STAGING) else "raw/orders"
     print(f"streaming {orders.topic} from {orders.bootstrap_servers} into {into}", flush=True)
-    fold = _staging_fold(session)
+    fold = staging_fold(session.instance)
     report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show, fold=fold)
     return 0, report.to_dict(), f"stream stopped after {len(report.batches)} batch(es)"
 

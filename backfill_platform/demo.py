@@ -17,12 +17,14 @@ import argparse
 import json
 import sys
 import time
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from dagster import DagsterInstance
 
 from backfill_platform.assets.reference import observe_currencies
+from backfill_platform.cli import staging_fold
 from backfill_platform.console import (
     RunProgress,
     Terminal,
@@ -32,6 +34,8 @@ from backfill_platform.console import (
 )
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
+from backfill_platform.operations.boundary import reconcile_boundary
+from backfill_platform.operations.stream import catch_up, report_batch
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import (
@@ -40,6 +44,7 @@ from backfill_platform.reconcile import (
     reconcile_segments,
     table_counts,
 )
+from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
 from backfill_platform.runner import InProcessExecutor, observing, run_range
 from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, SettingError, setting
 from backfill_platform.sources.crm_data import generate_crm
@@ -50,6 +55,7 @@ from backfill_platform.sources.generate import (
     landing_days,
     read_params,
 )
+from backfill_platform.sources.producer import produce, shop_events
 
 
 class DemoRefused(Exception):
@@ -63,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orders-per-day", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--per-run", type=int, default=None, help="partitions per run")
+    parser.add_argument(
+        "--stream-days",
+        type=int,
+        default=0,
+        help="STREAM=on: this many days of the live shop after --end onto the Kafka topic, "
+        "then the stream caught up into raw and staging (0: no stream)",
+    )
     args = parser.parse_args(argv)
     landing, lakehouse = Path(setting(LANDING_DIR)), Path(setting(LAKEHOUSE_DIR))
     try:  # everything that can be refused, before anything is written
@@ -194,6 +207,8 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     print(f"marts reconcile with the contract's answer: {'YES' if result.ok else 'NO'}")
     for line in [*result.details, segments]:
         print(f"  {line}")
+    if args.stream_days > 0:
+        result.ok = _stream(args, resources, instance) and result.ok
 
     prints = {"days": str(days), "tables": fingerprints(lake)}
     previous_file = lakehouse / "_demo_fingerprints.json"
@@ -207,10 +222,62 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     previous_file.write_text(json.dumps(prints, indent=2))
     print(
         f"{len(report.runs)} Dagster runs over {len(days)} days, "
-        f"{time.monotonic() - started:.0f} s. Next: `make ui` (browse them), "
-        "`make deliver-day` (feed the live path)"
+        f"{time.monotonic() - started:.0f} s. Next: "
+        + (
+            "`make ui STREAM=on` (browse them, the stream running)"
+            if args.stream_days > 0
+            else "`make ui` (browse them), `make deliver-day` (feed the live path)"
+        )
     )
     return 0 if result.ok else 1
+
+
+def _stream(args, resources, instance: DagsterInstance) -> bool:
+    """STREAM=on: the shop's first `--stream-days` from the day after --end onto the topic
+    (once: a topic that holds messages is not sent them again, so a second demo run leaves
+    every table as it was), the stream caught up into raw/orders and staging (its batches
+    reported to the instance, as the running stream reports them), the boundary reconciled.
+    Whether every day reconciles."""
+    orders = orders_topic_from_settings()
+    launch = datetime.combine(args.end + timedelta(days=1), datetime.min.time(), UTC)
+    until = launch + timedelta(days=args.stream_days)
+    try:
+        held = sum(end - first for first, end in orders.end_offsets().values())
+        if held:
+            print(f"topic {orders.topic}: {held:,} messages already there, not sent again")
+        else:
+            made = produce(
+                orders.bootstrap_servers,
+                orders.topic,
+                shop_events(
+                    launch,
+                    args.stream_days * args.orders_per_day,
+                    args.seed,
+                    orders_per_day=args.orders_per_day,
+                    until=until,
+                ),
+            )
+            print(
+                f"topic {orders.topic} at {orders.bootstrap_servers}: the live shop sent "
+                f"{len(made):,} messages, {launch:%Y-%m-%d}..{until - timedelta(days=1):%Y-%m-%d}"
+            )
+        lake = resources["lakehouse"]
+        caught = catch_up(
+            lake,
+            orders,
+            on_batch=lambda batch: report_batch(instance, orders.topic, batch),
+            fold=staging_fold(instance),
+        )
+        days = DayRange.of_days(args.end, until.date() - timedelta(days=1))
+        boundary = reconcile_boundary(lake, resources["landing"], orders, days)
+    except (KafkaException, TopicUnavailable) as error:
+        print(f"stream: the broker at {orders.bootstrap_servers} did not answer ({error})")
+        return False
+    print(caught.describe().splitlines()[0])
+    head = boundary.describe().splitlines()
+    for line in [*head[:3], *(d.describe() for d in boundary.failed)]:
+        print(line)
+    return not boundary.failed
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
 STREAM_STAGING = EnvVar("BACKFILL_STREAM_STAGING")
 # true: raw/orders carries the stream_offsets_once check, which asks the broker in every run.
 STREAM_CHECK = EnvVar("BACKFILL_STREAM_CHECK")
+# true: the stream_supervisor sensor is on by default (a deployment that runs the stream).
+STREAM_SUPERVISOR = EnvVar("BACKFILL_STREAM_SUPERVISOR")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
@@ -124,6 +126,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_STREAM_FRESHNESS_SECONDS": "",
     "BACKFILL_STREAM_STAGING": "false",
     "BACKFILL_STREAM_CHECK": "false",
+    "BACKFILL_STREAM_SUPERVISOR": "false",
 }
 
 

@@ -118,23 +118,45 @@ def test_cli_without_dagster_home_uses_the_repositorys_and_logs_to_a_file(tmp_pa
 
 @pytest.mark.slow
 def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
-    """`make demo` with the Makefile's overrides: the partitions start and end where the
-    demo's data does, so it reconciles; the log file's path comes first. Then the same
-    data with another scale is refused in one line, `make deliver-day` adds the next day
-    and `make ui` would define the partitions up to it."""
-    env = _env(tmp_path, DAGSTER_HOME=str(tmp_path / "home"))
-    demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5"]
+    """`make demo` with the Makefile's overrides and the live stream on: the partitions start
+    where the demo's data does and end at the stream's last day, so it reconciles; the log
+    file's path comes first; the broker is started, the shop's messages are streamed into
+    raw and staging and the boundary reconciles. Then the same data with another scale is
+    refused in one line, `make deliver-day` adds the next day and `make ui` would define
+    the partitions up to the stream's last day, with the stream's supervisor on."""
+    env = _env(
+        tmp_path,
+        DAGSTER_HOME=str(tmp_path / "home"),
+        BACKFILL_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+    )
+    demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5", "STREAM=on"]
+    try:
+        _demo_then_refused_then_a_delivered_day(env, demo)
+    finally:
+        stopped = _make(env, "kafka-stop")
+        assert stopped.stdout.startswith("broker from "), stopped.stdout + stopped.stderr
+
+
+def _demo_then_refused_then_a_delivered_day(env: dict[str, str], demo: list[str]) -> None:
     result = _make(env, "demo", *demo)
     lines = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(lines) < 60
-    log = Path(LOG_LINE.match(result.stdout.splitlines()[0]).group(1))
-    assert log.is_file() and log.parent == tmp_path / "home" / "backfill-logs"
+    # make kafka-start's line, then the demo's log file
+    assert result.stdout.startswith(f"broker at {env['BACKFILL_KAFKA_BOOTSTRAP']}, topic orders")
+    log = Path(LOG_LINE.match(result.stdout.splitlines()[1]).group(1))
+    assert log.is_file() and log.parent == Path(env["DAGSTER_HOME"]) / "backfill-logs"
     assert "RUN_SUCCESS" in log.read_text()  # Dagster's events are in the file ...
     assert "RUN_SUCCESS" not in result.stdout + result.stderr  # ... and not on the terminal
     assert "Warning" not in result.stdout + result.stderr
     assert "marts reconcile with the contract's answer: YES" in result.stdout
     assert "2 Dagster runs over 3 days" in result.stdout
+    # The stream: three days of the shop from 2024-01-04, every message once in raw.
+    sent = re.search(r"the live shop sent (\d+) messages, 2024-01-04\.\.2024-01-06", result.stdout)
+    assert sent, result.stdout
+    assert f"1 batch(es), {sent[1]} rows" in result.stdout
+    assert "2024-01-03..2024-01-06: every day reconciles" in result.stdout
+    assert f"{sent[1]} messages -> {sent[1]} stream rows (0 missing, 0 extra" in result.stdout
 
     refused = _make(env, "demo", "DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=6")
     assert refused.returncode != 0
@@ -144,8 +166,9 @@ def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
     delivered = _make(env, "deliver-day")
     assert delivered.returncode == 0, delivered.stdout + delivered.stderr
     assert delivered.stdout.startswith("delivered 2024-01-04 ")
-    ui = _make(env, "-n", "ui")
-    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-04" in ui.stdout
+    ui = _make(env, "-n", "ui", *demo)
+    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-06" in ui.stdout
+    assert "BACKFILL_STREAM_SUPERVISOR=true BACKFILL_STREAM_CHECK=true" in ui.stdout
 
 
 @pytest.mark.slow

@@ -4,8 +4,11 @@ a landing re-ingest that keeps the stream's rows of its day."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import pytest
@@ -86,6 +89,13 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch,
     first = shop_events(LAUNCH, orders=20, seed=3, orders_per_day=10)
     kinds = {m.kind.split(":")[0] for m in first}
     assert {"version", "duplicate", "malformed"} <= kinds  # the sample has every kind
+    # The shop's "now" (make demo STREAM=on): the same messages, up to it.
+    now = LAUNCH + timedelta(days=1)
+    assert (
+        shop_events(LAUNCH, orders=20, seed=3, orders_per_day=10, until=now)
+        == [m for m in first if m.timestamp < now]
+        != first
+    )
     produced = produce(broker.bootstrap, TOPIC, first)
     assert len(produced) == len(first) and len({p.partition for p in produced}) > 1
 
@@ -237,6 +247,27 @@ def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
     )
     won = {r["order_id"]: r["status"] for r in latest_wins(rows).collect()}
     assert won == {"a": "message", "b": "p2", "c": "later day"}
+
+
+def test_the_supervisor_runs_by_default_only_where_the_setting_says():
+    """BACKFILL_STREAM_SUPERVISOR (`make ui STREAM=on`): the daemon starts the stream's
+    sensor without a click; otherwise it waits to be turned on. Read when definitions load,
+    so each value gets a fresh interpreter, as a code server would."""
+    unset = {k: v for k, v in os.environ.items() if k != "BACKFILL_STREAM_SUPERVISOR"}
+    for value, status in (("true", "RUNNING"), (None, "STOPPED")):
+        shown = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from backfill_platform.definitions import defs; "
+                "print(defs.get_sensor_def('stream_supervisor').default_status.value)",
+            ],
+            env=unset if value is None else {**unset, "BACKFILL_STREAM_SUPERVISOR": value},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert shown.stdout.strip() == status, (value, shown.stdout, shown.stderr)
 
 
 def test_stream_freshness_policy_only_on_raw_orders_and_only_when_set(monkeypatch):

@@ -8,8 +8,9 @@ stream's log, so the asset's page shows when the stream died and why. A restarte
 resumes from its checkpoint: the batch it was in is re-run over the same offsets, and
 Delta's transaction id skips it if it had committed (docs/live-stream.md).
 
-Stopped by default: a deployment that runs the stream turns it on in the UI (Automation)
-or with `dagster sensor start stream_supervisor`.
+Stopped by default: a deployment that runs the stream turns it on in the UI (Automation),
+with `dagster sensor start stream_supervisor`, or with BACKFILL_STREAM_SUPERVISOR=true
+(`make ui STREAM=on`), which makes it running by default.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dagster import (
 )
 
 from backfill_platform.resources.stream_process import StreamProcess, StreamProcessError
+from backfill_platform.settings import STREAM_SUPERVISOR, bool_setting
 from backfill_platform.tables import RAW_ORDERS
 
 STREAM_DIED = "stream_died"  # the observation's `event` on raw/orders
@@ -39,7 +41,9 @@ def stream_process(context: SensorEvaluationContext) -> StreamProcess:
 @sensor(
     name="stream_supervisor",
     minimum_interval_seconds=30,
-    default_status=DefaultSensorStatus.STOPPED,
+    default_status=DefaultSensorStatus.RUNNING
+    if bool_setting(STREAM_SUPERVISOR)
+    else DefaultSensorStatus.STOPPED,
     description="Keeps the live stream's process running: starts it when it is not running "
     "(unless `stream stop` stopped it) and reports on raw/orders when it died.",
 )

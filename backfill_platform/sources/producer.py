@@ -57,12 +57,15 @@ def shop_events(
     orders_per_day: int = 100,
     duplicate_rate: float = 0.05,
     malformed_rate: float = 0.05,
+    until: datetime | None = None,
 ) -> list[Message]:
     """Orders `first_order` .. `first_order + orders - 1` of the shop launched at `launch`,
     every version as a message at the instant it is sent, in sending order.
 
     A version is sent when it is made, or `lateness_days` later (so later versions of an
     order can precede earlier ones); a duplicate follows its original within two days.
+    `until`: the shop's "now": messages due later are not sent yet (the same messages
+    before it, whatever `until` is).
     """
     rng = random.Random(f"stream/{seed}/{launch.isoformat()}/{first_order}")
     spacing = timedelta(seconds=86_400 / orders_per_day)
@@ -82,7 +85,8 @@ def shop_events(
             messages.append(
                 (event_at, len(messages), Message(f"bad-{n}", text, event_at, f"malformed:{kind}"))
             )
-    return [m for _, _, m in sorted(messages, key=lambda t: (t[0], t[1]))]
+    sent = [m for _, _, m in sorted(messages, key=lambda t: (t[0], t[1]))]
+    return [m for m in sent if until is None or m.timestamp < until]
 
 
 def produce(
