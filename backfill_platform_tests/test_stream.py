@@ -21,6 +21,7 @@ from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
 from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import (
+    StagingFold,
     catch_up,
     fold_into_staging,
     report_batch,
@@ -34,6 +35,7 @@ from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform.transforms.orders import latest_wins
 from backfill_platform_tests.harness import Platform, order_line, point_cli_at
+from backfill_platform_tests.test_contract_rules import REJECTS
 
 pytestmark = pytest.mark.slow
 
@@ -459,3 +461,42 @@ def test_stream_stages_its_batches_itself(stream_platform, broker, monkeypatch, 
     )
     assert staged_days == {} and held == [day]
     assert platform.version("staging/orders") == version
+
+
+def test_a_flood_of_malformed_messages_is_rejected_one_by_one(broker, spark, tmp_path):
+    """Part 8's flood: every malformed kind of the contract's rules (and empty values) many
+    times over, between valid orders, through several batches with staging folded in. Each
+    message is in raw once with the reason its landing line would get, each bad one is one
+    reject in staging/orders_rejects with its topic, partition and offset, every valid
+    order is staged, and the stream goes on batch after batch."""
+    topic, copies = "orders_flood", 10
+    broker.create_topic(topic, 3)
+    platform = Platform.create(tmp_path / "flood")
+    day = LAUNCH.date().isoformat()
+    platform.write_rates(day, {"EUR": "1.1"})
+    platform.materialize(day, selection=["raw/fx_rates"])
+    bad = [(line, reason) for _, line, reason in REJECTS] + [("", "invalid_json")]
+    messages, expected = [], []
+    for n in range(copies):
+        valid = order_line(f"flood-ok-{n}", "2024-01-10T10:00:00Z", currency="EUR")
+        for line, reason in [*bad, (valid, None)]:
+            messages.append(Message(f"k-{len(messages)}", line, LAUNCH, "flood"))
+            expected.append(reason)
+    produced = produce(broker.bootstrap, topic, messages)
+    assert len(produced) == len(messages) == copies * (len(REJECTS) + 2)
+
+    orders = OrdersTopicResource(
+        bootstrap_servers=broker.bootstrap, topic=topic, max_offsets_per_batch=100
+    )
+    report = catch_up(platform.resources["lakehouse"], orders, fold=StagingFold())
+    assert len(report.batches) >= 3 and report.rows == len(messages)
+    assert report.rejects == copies * len(bad)
+    want = {(p.partition, p.offset): expected[i] for i, p in enumerate(produced)}
+    raw = platform.table("raw/orders").where(F.col("kafka_topic") == topic)
+    got = {(r["kafka_partition"], r["kafka_offset"]): r["reject_reason"] for r in raw.collect()}
+    assert raw.count() == len(got) and got == want  # each once, each with its reason
+    rejects = platform.table("staging/orders_rejects").where(F.col("kafka_topic") == topic)
+    kept = {(r["kafka_partition"], r["kafka_offset"]): r["reason"] for r in rejects.collect()}
+    assert rejects.count() == len(kept) and kept == {k: v for k, v in want.items() if v}
+    staged = {r["order_id"] for r in platform.rows("staging/orders", "order_id LIKE 'flood-ok-%'")}
+    assert staged == {f"flood-ok-{n}" for n in range(copies)}
