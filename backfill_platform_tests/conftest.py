@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "test_correction_playbook.py",
     "test_bench.py",
     "test_platform.py",
+    "test_stream.py",
     "test_checks.py",
 )
 

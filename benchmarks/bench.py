@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-cold", action="store_true", help="skip the new-process-per-run measurements"
     )
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip the untimed warm-up backfill: the first timed phase then pays the JVM's "
+        "warm-up (the smoke test's micro scale, whose timings mean nothing anyway)",
+    )
     parser.add_argument("--window-repeats", type=int, default=2, help="warm window cycles")
     parser.add_argument(
         "--scaling",
@@ -263,6 +269,29 @@ class Bench:
         resources = build_resources(str(self.landing), str(lakehouse), spark=self.spark_resource)
         return resources, DagsterInstance.from_config(str(home)), home, lakehouse
 
+    def _warm_up(self) -> None:
+        """Both contenders share one JVM: run each once over a few days first, so neither
+        timed phase pays for class loading and JIT compilation of the code paths (the
+        first Delta write of a session costs seconds that no later one does)."""
+        from backfill_platform.checks import all_checks
+        from backfill_platform.definitions import all_assets
+        from backfill_platform.runner import backfill
+        from benchmarks.floor import run_floor
+
+        with self._phase("warm_up"):
+            warm_days = self.days[: min(3, len(self.days))]
+            run_floor(self.spark, self.landing, warm_days, self.work / "warm_up" / "floor")
+            warm_resources, warm_instance, _, _ = self._platform("warm_up")
+            backfill(
+                all_assets,
+                warm_days[0].isoformat(),
+                warm_days[-1].isoformat(),
+                warm_resources,
+                warm_instance,
+                per_run=self.per_run,
+                checks=all_checks,  # the checks' code paths too: a timed phase runs them
+            )
+
     @contextlib.contextmanager
     def _phase(self, name: str):
         _say(f"{name} ...")
@@ -286,23 +315,8 @@ class Bench:
 
         first, last = self.days[0].isoformat(), self.days[-1].isoformat()
         n = len(self.days)
-
-        # Both contenders share one JVM: run each once over a few days first, so neither
-        # timed phase pays for class loading and JIT compilation of the code paths (the
-        # first Delta write of a session costs seconds that no later one does).
-        with self._phase("warm_up"):
-            warm_days = self.days[: min(3, n)]
-            run_floor(self.spark, self.landing, warm_days, self.work / "warm_up" / "floor")
-            warm_resources, warm_instance, _, _ = self._platform("warm_up")
-            backfill(
-                all_assets,
-                warm_days[0].isoformat(),
-                warm_days[-1].isoformat(),
-                warm_resources,
-                warm_instance,
-                per_run=self.per_run,
-                checks=all_checks,  # the checks' code paths too: a timed phase runs them
-            )
+        if not self.args.no_warm_up:
+            self._warm_up()
 
         with self._phase("floor_1"):
             run_floor(self.spark, self.landing, self.days, self.work / "floor")
