@@ -4,7 +4,8 @@ stream runs as its detached process, fed at a steady rate, while a backfill of e
 its own. The export and the stream overlap on the launch day, and some orders come both
 ways. After both finish and the rolling window has folded the stream's days in: every
 offset in raw once, every landing line in raw, and staging, rejects and the marts equal to
-the contract's answer over landing files and messages together.
+the contract's answer over landing files and messages together. The backfill is SIGKILLed
+once in the middle of a pass and run again (issue 32, part 8): nothing lost, nothing twice.
 """
 
 from __future__ import annotations
@@ -137,25 +138,38 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
     assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
     work = tmp_path / "workers"
     stop = work / "stop"
-    backfill = spawn(
-        work,
-        "backfill",
-        "loop",
-        {
-            "landing": str(landing),
-            "lakehouse": str(lakehouse),
-            "role": "backfill",
-            "first": FIRST.date().isoformat(),
-            "last": last.isoformat(),
-            "per_run": cfg["per_run"],
-            "stop": str(stop),
-            "checks": True,
-        },
-    )
+
+    def start_backfill(name: str):
+        return spawn(
+            work,
+            name,
+            "loop",
+            {
+                "landing": str(landing),
+                "lakehouse": str(lakehouse),
+                "role": "backfill",
+                "first": FIRST.date().isoformat(),
+                "last": last.isoformat(),
+                "per_run": cfg["per_run"],
+                "stop": str(stop),
+                "checks": True,
+            },
+        )
+
+    backfill = start_backfill("backfill")
+    again = None
     feed: list[Produced] = []
-    feeder = threading.Thread(
-        target=lambda: feed.extend(produce(broker.bootstrap, TOPIC, shop[split:], cfg["rate"]))
-    )
+
+    def feeder(messages: list[Message]) -> threading.Thread:
+        """The shop selling at its rate, in the background."""
+        thread = threading.Thread(
+            target=lambda: feed.extend(produce(broker.bootstrap, TOPIC, messages, cfg["rate"]))
+        )
+        thread.start()
+        return thread
+
+    # A third of the sales beside the backfill that is killed, the rest beside its rerun.
+    killed_share = split + (len(shop) - split) // 3
     started = time.monotonic()
     lake = LakehouseResource(root_dir=str(lakehouse), spark=spark_resource_for_tests())
     try:
@@ -163,29 +177,40 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
         wait_for_offsets(lake, TOPIC, len(produced), process)
         backfill.wait("ready", timeout=900)
         backfill.go()
-        feeder.start()  # the shop keeps selling while history is loaded
-        # The backfill re-runs history (idempotently) until a whole pass has had a stream
-        # commit beside it: on two busy cores one micro-batch can outlast one small pass.
+        went = time.time()
+        feeding = [feeder(shop[split:killed_share])]  # the shop sells while history loads
+        # Part 8: once the stream has committed beside it, the backfill is SIGKILLed (its
+        # Python and its JVM) with its pass in flight, and started again; the stream is
+        # never stopped.
         deadline = time.monotonic() + 900
-        while not _stream_committed_during_a_pass(backfill.events(), lake):
+        while not [t for t in _stream_commit_times(lake) if t > went]:
             backfill.check()
+            assert time.monotonic() < deadline, "no stream commit beside the backfill in 900 s"
+            time.sleep(1)
+        backfill.kill()
+        killed_at = time.monotonic() - started
+        again = start_backfill("backfill-again")
+        again.wait("ready", timeout=900)
+        again.go()
+        feeding.append(feeder(shop[killed_share:]))
+        # It re-runs history (idempotently) until a whole pass has had a stream commit
+        # beside it: on two busy cores one micro-batch can outlast one small pass.
+        while not _stream_committed_during_a_pass(again.events(), lake):
+            again.check()
             assert process.pid() is not None, process.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no stream commit beside the backfill in 900 s"
             time.sleep(2)
         stop.touch()
-        assert backfill.finish(timeout=900) == 0, backfill.log()
-        feeder.join(timeout=900)
+        assert again.finish(timeout=900) == 0, again.log()
+        for thread in feeding:
+            thread.join(timeout=900)
         produced += feed
         wait_for_offsets(lake, TOPIC, len(produced), process)
     finally:
-        reap([backfill])
+        reap([w for w in (backfill, again) if w is not None])
         cli.main(["stream", "stop"])
     assert process.pid() is None
-    backfill_events = backfill.events()
-    window = (
-        min(e["t"] for e in backfill_events if e["event"] in ("run", "pass")),
-        max(e["t"] for e in backfill_events if e["event"] == "pass"),
-    )
+    window = (went, max(e["t"] for e in again.events() if e["event"] == "pass"))
 
     # The rolling window folds the stream's days in (the deployment's sensor would ask).
     messages = [_as_message(p) for p in produced]
@@ -228,6 +253,8 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
         "stream_commits_during_backfill": len(inside),
         "max_seconds_between_stream_commits": round(max(gaps), 1),
         "backfill_seconds": round(window[1] - window[0], 1),
+        "backfill_killed_mid_pass_at_seconds": round(killed_at, 1),
+        "backfill_runs_before_the_kill": sum(e["event"] == "run" for e in backfill.events()),
         "orders_in_both_sources": len(overlap_ids),
         "both_sources_won_by_message": sum(staged[i]["file_name"] is None for i in overlap_ids),
         "staging_rows": len(staged),
