@@ -11,7 +11,7 @@ landing zone's newest day, so the UI shows the demo's days and no empty ones aft
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,15 @@ def _definition(first: date | None, last: date | None) -> DailyPartitionsDefinit
 
 
 daily_partitions = _definition(day_setting(START_DATE), day_setting(END_DATE))
+
+
+def in_partitions(keys: Iterable[str | None]) -> list[str]:
+    """The keys that are daily partitions now. A stream batch reports every day it wrote,
+    today's among them while the partitions end yesterday (or at BACKFILL_END_DATE): such a
+    day is in the instance's records, but no run can target it yet."""
+    first = daily_partitions.get_first_partition_key()
+    last = daily_partitions.get_last_partition_key()
+    return [k for k in keys if k and first and last and first <= k <= last]
 
 
 def commit_partition_keys(metadata: Mapping[str, Any]) -> list[str]:

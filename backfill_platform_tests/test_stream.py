@@ -21,6 +21,7 @@ from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
 from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import (
+    BatchReport,
     StagingFold,
     catch_up,
     fold_into_staging,
@@ -249,6 +250,27 @@ def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
     )
     won = {r["order_id"]: r["status"] for r in latest_wins(rows).collect()}
     assert won == {"a": "message", "b": "p2", "c": "later day"}
+
+
+def test_a_streamed_day_past_the_partitions_does_not_break_the_live_sensors():
+    """Today's messages: the partitions end yesterday, yet a stream batch reports the day it
+    wrote. The rolling window and the staleness sensor keep working on the partitions (the
+    window ends at the newest one), instead of failing every tick on a key range past the
+    partitions' end (seen in `make ui STREAM=on`, 2026-11-27)."""
+    from backfill_platform.automation.stale_sensor import stale_partitions_sensor
+
+    today = datetime.now(UTC).date()
+    in_range, past = "2024-01-10", today.isoformat()
+    with DagsterInstance.ephemeral() as instance:
+        for batch_id, day in enumerate((in_range, past)):
+            report_batch(
+                instance, TOPIC, BatchReport(batch_id, 1, 0, {0: (batch_id,) * 2}, {day: 1}, 1, 0.1)
+            )
+        with build_sensor_context(instance=instance) as context:
+            (request,) = rolling_window_sensor(context).run_requests
+        assert request.tags[RANGE_END_TAG] == in_range
+        with build_sensor_context(instance=instance) as context:
+            stale_partitions_sensor(context)  # evaluates without an error
 
 
 def test_the_supervisor_runs_by_default_only_where_the_setting_says():

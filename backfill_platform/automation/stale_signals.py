@@ -25,6 +25,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from backfill_platform.assets import all_assets
 from backfill_platform.assets.reference import FX_CURRENCIES
 from backfill_platform.lineage import Lineage, downstream_keys
+from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.tables import CUSTOMER_LTV, FCT_DAILY_REVENUE, RAW_ORDERS, STAGING_ORDERS
 
@@ -71,7 +72,9 @@ def stale_signals(instance: DagsterInstance, since: int, window: DayRange | None
     reasons: list[str] = []
 
     staging_built = set(instance.get_materialized_partitions(STAGING_ORDERS))
-    late = [r for r in _records(instance, RAW_ORDERS, since) if r.partition_key and _late_rows(r)]
+    ingested = _records(instance, RAW_ORDERS, since)
+    days = set(in_partitions(r.partition_key for r in ingested))
+    late = [r for r in ingested if r.partition_key in days and _late_rows(r)]
     reaches = {
         r.storage_id: downstream_keys(_LATE_ARRIVALS, [r.partition_key]) & staging_built - inside
         for r in late

@@ -28,7 +28,7 @@ from backfill_platform.automation.live_jobs import (
 )
 from backfill_platform.checks import blocking_check_keys
 from backfill_platform.checks.results import failed_partitions_by_check
-from backfill_platform.partitions import daily_partitions
+from backfill_platform.partitions import daily_partitions, in_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.runner import TRIGGER_TAG, range_tags
 from backfill_platform.settings import LIVE_WINDOW_DAYS, PARTITIONS_PER_RUN, setting
@@ -41,7 +41,9 @@ def window_days() -> int:
 
 
 def latest_partition(instance: DagsterInstance, key) -> date | None:
-    keys = instance.get_materialized_partitions(key)
+    """The newest materialized day that is a partition (a stream batch may have reported a
+    later one: today's messages)."""
+    keys = in_partitions(instance.get_materialized_partitions(key))
     return date.fromisoformat(max(keys)) if keys else None
 
 
