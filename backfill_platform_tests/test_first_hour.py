@@ -166,6 +166,9 @@ def _demo_then_refused_then_a_delivered_day(env: dict[str, str], demo: list[str]
     delivered = _make(env, "deliver-day")
     assert delivered.returncode == 0, delivered.stdout + delivered.stderr
     assert delivered.stdout.startswith("delivered 2024-01-04 ")
+    ui = _make(env, "-n", "ui")  # without the stream: up to the delivered day
+    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-04" in ui.stdout
+    assert "BACKFILL_STREAM_SUPERVISOR" not in ui.stdout
     ui = _make(env, "-n", "ui", *demo)
     assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-06" in ui.stdout
     assert "BACKFILL_STREAM_SUPERVISOR=true BACKFILL_STREAM_CHECK=true" in ui.stdout
