@@ -240,7 +240,8 @@ def _stream(args, resources, instance: DagsterInstance) -> bool:
     Whether every day reconciles."""
     orders = orders_topic_from_settings()
     launch = datetime.combine(args.end + timedelta(days=1), datetime.min.time(), UTC)
-    until = launch + timedelta(days=args.stream_days)
+    until = launch + timedelta(days=args.stream_days)  # the shop's "now"
+    last = args.end + timedelta(days=args.stream_days)  # the stream's last day
     try:
         held = sum(end - first for first, end in orders.end_offsets().values())
         if held:
@@ -259,7 +260,7 @@ def _stream(args, resources, instance: DagsterInstance) -> bool:
             )
             print(
                 f"topic {orders.topic} at {orders.bootstrap_servers}: the live shop sent "
-                f"{len(made):,} messages, {launch:%Y-%m-%d}..{until - timedelta(days=1):%Y-%m-%d}"
+                f"{len(made):,} messages, {launch:%Y-%m-%d}..{last}"
             )
         lake = resources["lakehouse"]
         caught = catch_up(
@@ -268,8 +269,9 @@ def _stream(args, resources, instance: DagsterInstance) -> bool:
             on_batch=lambda batch: report_batch(instance, orders.topic, batch),
             fold=staging_fold(instance),
         )
-        days = DayRange.of_days(args.end, until.date() - timedelta(days=1))
-        boundary = reconcile_boundary(lake, resources["landing"], orders, days)
+        boundary = reconcile_boundary(
+            lake, resources["landing"], orders, DayRange.of_days(args.end, last)
+        )
     except (KafkaException, TopicUnavailable) as error:
         print(f"stream: the broker at {orders.bootstrap_servers} did not answer ({error})")
         return False
