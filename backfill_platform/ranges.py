@@ -8,7 +8,8 @@ subsets), so no module counts days by hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
@@ -116,6 +117,22 @@ class DayRange:
             DayRange(keys[i], keys[min(i + per_run, len(keys)) - 1])
             for i in range(0, len(keys), max(1, per_run))
         ]
+
+    def chunks_by_size(self, sizes: Mapping[str, int], target: int) -> list[DayRange]:
+        """As few consecutive sub-ranges as keep each near `target` (sizes by partition key,
+        a key not in `sizes` weighs nothing), cut where the running total crosses an equal
+        share, oldest first: a range of small days is one chunk, one of big days several."""
+        keys = self.partition_keys()
+        total = sum(sizes.get(key, 0) for key in keys)
+        count = max(1, math.ceil(total / max(1, target)))
+        chunks: list[DayRange] = []
+        start, seen = 0, 0
+        for i, key in enumerate(keys[:-1]):
+            seen += sizes.get(key, 0)
+            if len(chunks) < count - 1 and seen >= total * (len(chunks) + 1) / count:
+                chunks.append(DayRange(keys[start], key))
+                start = i + 1
+        return [*chunks, DayRange(keys[start], keys[-1])]
 
     def check_within_partitions(self) -> DayRange:
         """Refuse a range reaching outside the partitions definition (before its start date

@@ -44,7 +44,7 @@ from dagster import (
 
 from backfill_platform.lineage import Lineage
 from backfill_platform.ranges import DayRange, ranges_of
-from backfill_platform.settings import PARTITIONS_PER_RUN, int_setting
+from backfill_platform.settings import PARTITIONS_PER_RUN, RUN_TARGET_MB, int_setting
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -225,6 +225,11 @@ class InProcessExecutor:
     instance: DagsterInstance
     run_config: Mapping[str, object] | None = None
 
+    def landing_sizes(self, days: Sequence[str]) -> Mapping[str, int] | None:
+        """Bytes delivered per day (both kinds of landing file): what sizes the runs."""
+        landing = self.resources.get("landing")
+        return landing.bytes_by_day(days) if landing is not None else None
+
     def execute(
         self,
         plan: Sequence[RunSpec],
@@ -260,15 +265,38 @@ def per_run_default() -> int:
     return int_setting(PARTITIONS_PER_RUN)
 
 
+def fixed_per_run() -> int | None:
+    """Days per run when the operator fixed them (`BACKFILL_PARTITIONS_PER_RUN` set);
+    otherwise None: runs are sized by work where the landing sizes are known."""
+    return per_run_default() if PARTITIONS_PER_RUN.get_value() else None
+
+
+def run_target_bytes() -> int:
+    return int_setting(RUN_TARGET_MB) * 1024 * 1024
+
+
 def plan_work(
-    lineage: Lineage, work: Mapping[AssetKey, Sequence[str] | set[str]], per_run: int | None = None
+    lineage: Lineage,
+    work: Mapping[AssetKey, Sequence[str] | set[str]],
+    per_run: int | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> list[RunSpec]:
     """Ranged runs for `work` (asset -> partition keys), in the order the graph demands.
 
     Stage by stage (see `Lineage.stages`); inside a stage, assets that need the same days
     share runs, chunk by chunk oldest first; assets needing other days follow in graph order.
+    Chunks: `per_run` days each when given (or `BACKFILL_PARTITIONS_PER_RUN` when set);
+    otherwise, with `sizes` (landing bytes by day), as few as keep each run's input near
+    `BACKFILL_RUN_TARGET_MB`: a run costs seconds of fixed work whatever its data
+    (docs/performance.md), so three years of small days are one run, not twelve; without
+    sizes, `BACKFILL_PARTITIONS_PER_RUN`'s default.
     """
-    per_run = per_run or per_run_default()
+    per_run = per_run or fixed_per_run() or (None if sizes is not None else per_run_default())
+    target = run_target_bytes()
+
+    def chunks(span: DayRange) -> list[DayRange]:
+        return span.chunks(per_run) if per_run else span.chunks_by_size(sizes or {}, target)
+
     plan: list[RunSpec] = []
     for stage in lineage.stages([k for k, days in work.items() if days]):
         by_days: dict[frozenset[str], list[AssetKey]] = {}
@@ -279,7 +307,7 @@ def plan_work(
             by_days.setdefault(days, []).append(key)
         for days, keys in by_days.items():
             for span in ranges_of(days):
-                plan += [RunSpec(tuple(keys), chunk) for chunk in span.chunks(per_run)]
+                plan += [RunSpec(tuple(keys), chunk) for chunk in chunks(span)]
     return plan
 
 
@@ -292,8 +320,14 @@ def run_work(
     per_run: int | None = None,
     on_run: Callable[[RangeRun], None] | None = None,
 ) -> RunReport:
-    """Plan `work` and execute it; every run is tagged with why it ran."""
-    return run_plan(executor, plan_work(lineage, work, per_run), trigger, tags, on_run)
+    """Plan `work` and execute it; every run is tagged with why it ran. An executor that runs
+    the plan's chunks itself tells their landing sizes (`landing_sizes`); a deployment's
+    backfill is chunked by Dagster's `BackfillPolicy` instead."""
+    sizes = None
+    measure = getattr(executor, "landing_sizes", None)
+    if measure is not None and not (per_run or fixed_per_run()):
+        sizes = measure(sorted(set().union(*work.values())))
+    return run_plan(executor, plan_work(lineage, work, per_run, sizes), trigger, tags, on_run)
 
 
 def run_plan(

@@ -20,6 +20,9 @@ S3_PATH_STYLE = EnvVar("BACKFILL_S3_PATH_STYLE")
 S3_ACCESS_KEY_ID = EnvVar("BACKFILL_S3_ACCESS_KEY_ID")
 S3_SECRET_ACCESS_KEY = EnvVar("BACKFILL_S3_SECRET_ACCESS_KEY")
 PARTITIONS_PER_RUN = EnvVar("BACKFILL_PARTITIONS_PER_RUN")
+# Landing input per run when the platform plans the runs itself (runner.plan_work): runs
+# sized by work, not by a day count (docs/performance.md, "Runs sized by work").
+RUN_TARGET_MB = EnvVar("BACKFILL_RUN_TARGET_MB")
 SPARK_SHUFFLE_PARTITIONS = EnvVar("BACKFILL_SPARK_SHUFFLE_PARTITIONS")
 SPARK_DRIVER_MEMORY = EnvVar("BACKFILL_SPARK_DRIVER_MEMORY")
 # Check thresholds (docs/checks.md), read when a check runs.
@@ -90,6 +93,7 @@ DEFAULTS: dict[str, str] = {
     "BACKFILL_S3_ACCESS_KEY_ID": "",
     "BACKFILL_S3_SECRET_ACCESS_KEY": "",
     "BACKFILL_PARTITIONS_PER_RUN": "92",
+    "BACKFILL_RUN_TARGET_MB": "512",
     "BACKFILL_SPARK_SHUFFLE_PARTITIONS": "4",
     "BACKFILL_SPARK_DRIVER_MEMORY": "3g",
     "BACKFILL_CHECK_TRAILING_DAYS": "14",

@@ -124,6 +124,46 @@ def test_plan_gives_each_asset_exactly_its_days_in_graph_order():
     ]
 
 
+def test_runs_sized_by_work_are_few_for_small_days_and_balanced_for_big_ones():
+    span = DayRange("2024-01-01", "2024-01-10")
+    keys = span.partition_keys()
+    assert span.chunks_by_size({k: 10 for k in keys}, target=1000) == [span]
+    # 10 days of 100 bytes, 250 a run: 4 runs, cut where the total crosses a quarter
+    assert [str(c) for c in span.chunks_by_size({k: 100 for k in keys}, target=250)] == [
+        "2024-01-01..2024-01-03",
+        "2024-01-04..2024-01-05",
+        "2024-01-06..2024-01-08",
+        "2024-01-09..2024-01-10",
+    ]
+    # one big day takes a run of its own; days without deliveries weigh nothing
+    sizes = {"2024-01-02": 10, "2024-01-05": 900, "2024-01-09": 10}
+    assert [str(c) for c in span.chunks_by_size(sizes, target=500)] == [
+        "2024-01-01..2024-01-05",
+        "2024-01-06..2024-01-10",
+    ]
+    assert [str(c) for c in span.chunks_by_size({}, target=500)] == [str(span)]
+
+
+def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, monkeypatch):
+    """Without a fixed day count the plan reads the landing files' sizes: 40 small days are
+    one run per stage (not two 31-day chunks); a small target cuts them by bytes; a set
+    BACKFILL_PARTITIONS_PER_RUN (or --per-run) fixes the day count again."""
+    monkeypatch.delenv("BACKFILL_PARTITIONS_PER_RUN", raising=False)
+    span = DayRange("2024-01-01", "2024-02-09")
+    for key in span.partition_keys():
+        platform.write_orders(key, [order_line(f"o-{key}", f"{key}T10:00:00Z")] * 3)
+    executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
+    sizes = executor.landing_sizes(span.partition_keys())
+    assert len(sizes) == 40 and all(size > 0 for size in sizes.values())
+    work = {RAW_ORDERS: span.partition_keys()}
+    assert [str(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [str(span)]
+    monkeypatch.setenv("BACKFILL_RUN_TARGET_MB", "1")
+    big = {key: size * 10_000 for key, size in sizes.items()}  # over 1 MB a day
+    assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=big)] == [1] * 40
+    monkeypatch.setenv("BACKFILL_PARTITIONS_PER_RUN", "31")
+    assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [31, 9]
+
+
 class Recorder:
     """A run observer that keeps what it was told, in order."""
 

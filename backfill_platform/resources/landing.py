@@ -51,6 +51,13 @@ class LandingZoneResource(ConfigurableResource):
             )
         return found
 
+    def bytes_by_day(self, days: Iterable[str]) -> dict[str, int]:
+        """Bytes of both kinds of delivery per day (what sizes a run, runner.plan_work)."""
+        return {
+            day: sum(file.size for kind in SUFFIX for file in self.files(kind, [day]))
+            for day in days
+        }
+
     def read_bytes(self, file: StoredObject) -> bytes:
         # By the root, not the path: Hadoop spells `file:///x` as `file:/x`.
         if is_uri(self.landing_dir):
