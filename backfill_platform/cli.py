@@ -861,7 +861,7 @@ def _outcome(args, terminal: bool) -> Outcome:
         if terminal:
             with logs_to_file(args.command, log_dir()) as term:
                 print(f"log: {shown(term.log)}", file=term.err)
-                with observing(RunProgress(term.err, PROGRESS_LABELS)):
+                with observing(RunProgress(term.err, PROGRESS_LABELS, DagsterInstance.get)):
                     return run(args)
         return run(args)
     except BackfillDetached as error:

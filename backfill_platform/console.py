@@ -18,16 +18,25 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from tqdm import tqdm
 
-from backfill_platform.runner import BackfillProgress, RangeRun, RunReport, RunSpec
+from backfill_platform.runner import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    TRIGGER_TAG,
+    BackfillProgress,
+    RangeRun,
+    RunReport,
+    RunSpec,
+)
 from backfill_platform.settings import SettingError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -122,9 +131,22 @@ def logs_to_file(name: str, directory: Path) -> Iterator[Terminal]:
 
 
 class RunProgress:
-    """Progress bars for `runner.observing`: one per planned piece of work."""
+    """Progress bars for `runner.observing`: one per planned piece of work.
 
-    def __init__(self, stream: TextIO, labels: dict[str, str] | None = None):
+    With `instance` (the one the in-process runs record to, or a function returning it),
+    the bar also moves inside a run: every few seconds it counts the partitions the run in
+    progress has materialized so far. Runs sized by work can be minutes long, and a bar
+    that moves only between runs would sit still for most of `make demo`.
+    """
+
+    POLL_SECONDS = 2.0
+
+    def __init__(
+        self,
+        stream: TextIO,
+        labels: dict[str, str] | None = None,
+        instance: DagsterInstance | Callable[[], DagsterInstance] | None = None,
+    ):
         self.stream = stream
         self.labels = labels or {}
         self.bar: tqdm | None = None
@@ -132,6 +154,11 @@ class RunProgress:
         self.done = 0
         self.failed: RangeRun | None = None
         self.deployed: BackfillProgress | None = None  # set once work runs on a deployment
+        self._instance = instance
+        self._trigger = ""
+        self._done_partitions = 0
+        self._in_run: tuple[str, int, str | None] | None = None  # run id, count, cursor
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -142,6 +169,7 @@ class RunProgress:
     def planned(self, plan: Sequence[RunSpec], trigger: str) -> None:
         self.close()
         self.plan, self.done, self.failed, self.deployed = list(plan), 0, None, None
+        self._trigger, self._done_partitions, self._in_run = trigger, 0, None
         self.bar = tqdm(
             total=sum(self.size(spec) for spec in self.plan),
             desc=self.labels.get(trigger, trigger),
@@ -151,7 +179,8 @@ class RunProgress:
             mininterval=0.5,
         )
         self._describe()
-        if self.stream.isatty():  # elapsed time keeps moving while a run works
+        # elapsed time (and, with an instance, the partitions) keep moving while a run works
+        if self.stream.isatty() or self._instance is not None:
             self._stop.clear()
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
@@ -179,8 +208,11 @@ class RunProgress:
         if self.bar is None or self.deployed is not None:
             return
         spec = self.plan[self.done]
-        self.done += 1
-        self.bar.update(self.size(spec))
+        with self._lock:
+            self.done += 1
+            self._done_partitions += self.size(spec)
+            self._in_run = None
+            self.bar.n = self._done_partitions
         if not run.success:
             self.failed = run
         self._describe()
@@ -215,7 +247,53 @@ class RunProgress:
         self.bar.set_postfix_str(text, refresh=True)
 
     def _tick(self) -> None:
+        polled = 0.0
         while not self._stop.wait(1.0):
             bar = self.bar
-            if bar is not None:
+            if bar is None:
+                continue
+            polled += 1.0
+            moved = False
+            if self._instance is not None and self.deployed is None and polled >= self.POLL_SECONDS:
+                polled = 0.0
+                try:
+                    moved = self._count_in_run(bar)
+                except Exception as error:  # a progress display never fails the command
+                    print(f"progress: stopped following runs: {error}", file=sys.stderr)
+                    self._instance = None
+            if moved or self.stream.isatty():
                 bar.refresh()
+
+    def _count_in_run(self, bar: tqdm) -> bool:
+        """Partitions the run in progress materialized so far (its range and trigger tags
+        name it among the instance's started runs), added to the finished runs' count;
+        whether the bar moved."""
+        if callable(self._instance):
+            self._instance = self._instance()
+        with self._lock:
+            if self.done >= len(self.plan):
+                return False
+            spec = self.plan[self.done]
+        tags = {TRIGGER_TAG: self._trigger, RANGE_START_TAG: spec.days.first}
+        tags[RANGE_END_TAG] = spec.days.last
+        started = self._instance.get_runs(
+            RunsFilter(statuses=[DagsterRunStatus.STARTED], tags=tags), limit=1
+        )
+        if not started:
+            return False
+        run_id = started[0].run_id
+        _, count, cursor = (
+            self._in_run if self._in_run and self._in_run[0] == run_id else (run_id, 0, None)
+        )
+        page = self._instance.get_records_for_run(
+            run_id, cursor=cursor, of_type=DagsterEventType.ASSET_MATERIALIZATION, limit=10_000
+        )
+        count += len(page.records)
+        with self._lock:
+            current = self.plan[self.done] if self.done < len(self.plan) else None
+            if self.bar is not bar or current is not spec:
+                return False  # the run finished meanwhile: `ran` counted it
+            self._in_run = (run_id, count, page.cursor)
+            before = bar.n
+            bar.n = self._done_partitions + min(count, self.size(spec) - 1)
+            return bar.n != before

@@ -172,7 +172,7 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
         # The known currencies first: staging records the version it was built against, so
         # the UI does not call every staging day stale at the live path's first observation.
         observe_currencies(resources["landing"], instance)
-        with observing(RunProgress(terminal.out)):
+        with observing(RunProgress(terminal.out, instance=instance)):
             report = run_range(
                 InProcessExecutor(all_assets, resources, instance),
                 lineage,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import re
 from datetime import date
 
 import pytest
 
+from backfill_platform.console import RunProgress
 from backfill_platform.definitions import all_assets
 from backfill_platform.lineage import Lineage
 from backfill_platform.ranges import DayRange, InvalidRange, keys_in_window, ranges_of
@@ -162,6 +165,25 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=big)] == [1] * 40
     monkeypatch.setenv("BACKFILL_PARTITIONS_PER_RUN", "31")
     assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [31, 9]
+
+
+def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(platform):
+    """Runs sized by work last minutes: the bar counts the partitions the run in progress has
+    materialized (read from the instance), not only finished runs."""
+    span = DayRange("2024-01-01", "2024-01-12")
+    for key in span.partition_keys():
+        platform.write_rates(key, {"EUR": "1.10"})
+        platform.write_orders(key, [order_line(f"o-{key}", f"{key}T10:00:00Z")])
+    executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
+    keys = [RAW_ORDERS, RAW_FX_RATES, STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE]
+    work = {key: span.partition_keys() for key in keys}
+    out = io.StringIO()
+    with observing(RunProgress(out, instance=platform.instance)):
+        report = run_work(executor, LINEAGE, work, trigger="backfill")
+    assert report.success and len(report.runs) == 2  # raw, then staging + the mart
+    shown = {int(n) for n in re.findall(r"\| (\d+)/60 partitions", out.getvalue())}
+    assert {0, 24, 60} <= shown
+    assert shown - {0, 24, 60}, f"the bar moved only between runs: {sorted(shown)}"
 
 
 class Recorder:
