@@ -41,11 +41,21 @@ from backfill_platform.settings import SettingError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "deploy" / "dagster.yaml"
-# Short enough for an 80-column terminal with room for the bar (dynamic_ncols sizes it).
+# Short enough for an 80-column terminal with room for the bar (`_columns` sizes it).
 BAR_FORMAT = (
     "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} partitions{postfix} "
     "[{elapsed}<{remaining}]"
 )
+
+
+def _columns(stream: TextIO) -> int | None:
+    """The terminal's width, read once when a bar starts: tqdm's `dynamic_ncols` re-reads it
+    at every refresh and, refreshed from the ticker thread during a run, drew a 10-column
+    bar now and then. None (tqdm's default) when `stream` is not a terminal."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns - 1
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def dagster_home() -> Path:
@@ -175,7 +185,7 @@ class RunProgress:
             desc=self.labels.get(trigger, trigger),
             file=self.stream,
             bar_format=BAR_FORMAT,
-            dynamic_ncols=True,
+            ncols=_columns(self.stream),
             mininterval=0.5,
         )
         self._describe()
