@@ -29,13 +29,12 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 from tqdm import tqdm
 
 from backfill_platform.runner import (
-    RANGE_END_TAG,
-    RANGE_START_TAG,
     TRIGGER_TAG,
     BackfillProgress,
     RangeRun,
     RunReport,
     RunSpec,
+    range_tags,
 )
 from backfill_platform.settings import SettingError
 
@@ -166,7 +165,6 @@ class RunProgress:
         self.deployed: BackfillProgress | None = None  # set once work runs on a deployment
         self._instance = instance
         self._trigger = ""
-        self._done_partitions = 0
         self._in_run: tuple[str, int, str | None] | None = None  # run id, count, cursor
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -179,7 +177,7 @@ class RunProgress:
     def planned(self, plan: Sequence[RunSpec], trigger: str) -> None:
         self.close()
         self.plan, self.done, self.failed, self.deployed = list(plan), 0, None, None
-        self._trigger, self._done_partitions, self._in_run = trigger, 0, None
+        self._trigger, self._in_run = trigger, None
         self.bar = tqdm(
             total=sum(self.size(spec) for spec in self.plan),
             desc=self.labels.get(trigger, trigger),
@@ -217,12 +215,10 @@ class RunProgress:
     def ran(self, run: RangeRun) -> None:
         if self.bar is None or self.deployed is not None:
             return
-        spec = self.plan[self.done]
         with self._lock:
             self.done += 1
-            self._done_partitions += self.size(spec)
             self._in_run = None
-            self.bar.n = self._done_partitions
+            self.bar.n = self._partitions_done()
         if not run.success:
             self.failed = run
         self._describe()
@@ -284,8 +280,7 @@ class RunProgress:
             if self.done >= len(self.plan):
                 return False
             spec = self.plan[self.done]
-        tags = {TRIGGER_TAG: self._trigger, RANGE_START_TAG: spec.days.first}
-        tags[RANGE_END_TAG] = spec.days.last
+        tags = {TRIGGER_TAG: self._trigger, **range_tags(spec.days)}
         started = self._instance.get_runs(
             RunsFilter(statuses=[DagsterRunStatus.STARTED], tags=tags), limit=1
         )
@@ -305,5 +300,9 @@ class RunProgress:
                 return False  # the run finished meanwhile: `ran` counted it
             self._in_run = (run_id, count, page.cursor)
             before = bar.n
-            bar.n = self._done_partitions + min(count, self.size(spec) - 1)
+            bar.n = self._partitions_done() + min(count, self.size(spec) - 1)
             return bar.n != before
+
+    def _partitions_done(self) -> int:
+        """Partitions of the runs finished so far."""
+        return sum(self.size(spec) for spec in self.plan[: self.done])
