@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from backfill_platform.console import RunProgress
 from backfill_platform.definitions import all_assets
 from backfill_platform.lineage import Lineage
 from backfill_platform.ranges import DayRange, InvalidRange, keys_in_window, ranges_of
+from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -155,9 +157,21 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     span = DayRange("2024-01-01", "2024-02-09")
     for key in span.partition_keys():
         platform.write_orders(key, [order_line(f"o-{key}", f"{key}T10:00:00Z")] * 3)
+    # What is not a delivery weighs nothing: another suffix, a nested folder, a stray folder.
+    landing = platform.resources["landing"]
+    orders_dir = Path(landing.landing_dir) / "orders"
+    (orders_dir / "ingest_date=2024-01-01" / "notes.txt").write_text("x" * 5000)
+    (orders_dir / "ingest_date=2024-01-02" / "old").mkdir()
+    (orders_dir / "ingest_date=2024-01-02" / "old" / "a.jsonl").write_text("x" * 5000)
+    (orders_dir / "stray").mkdir()
+    (orders_dir / "stray" / "a.jsonl").write_text("x" * 5000)
     executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
     sizes = executor.landing_sizes(span.partition_keys())
     assert len(sizes) == 40 and all(size > 0 for size in sizes.values())
+    assert sizes == {  # one listing per kind, the same bytes as the files each day lists
+        key: sum(f.size for kind in (ORDERS, FX_RATES) for f in landing.files(kind, [key]))
+        for key in span.partition_keys()
+    }
     work = {RAW_ORDERS: span.partition_keys()}
     assert [str(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [str(span)]
     monkeypatch.setenv("BACKFILL_RUN_TARGET_MB", "1")

@@ -22,7 +22,7 @@ from dagster import DagsterInstance
 
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reconcile import fingerprints, reconcile_marts
-from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.runner import backfill
 from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY, generated_landing
@@ -232,6 +232,23 @@ def test_pipeline_on_s3a_equals_the_local_build(lake_on_s3, s3):
     stored = s3.objects("lakehouse")
     assert any(k.startswith("lakehouse/marts/fct_daily_revenue/_delta_log/") for k in stored)
     assert not (work / "s3a:").exists()
+
+
+def test_landing_sizes_on_s3a_come_from_one_listing_and_equal_the_local_ones(lake_on_s3):
+    """The run sizing's landing bytes per day from a recursive listing of the bucket's
+    prefix: the same as the local landing zone's, and as the files each day lists."""
+    _work, landing, bucket, _ = lake_on_s3
+    spark = spark_resource_for_tests()
+    remote = LandingZoneResource(landing_dir=bucket + "/landing", spark=spark)
+    local = LandingZoneResource(landing_dir=str(landing), spark=spark)
+    days = [(FIRST_DAY + timedelta(days=n)).isoformat() for n in range(-1, 5)]
+    sizes = remote.bytes_by_day(days)
+    assert sizes == local.bytes_by_day(days)
+    assert sizes == {
+        day: sum(f.size for kind in ("orders", "fx_rates") for f in remote.files(kind, [day]))
+        for day in days
+    }
+    assert sizes[FIRST_DAY.isoformat()] > 0 and sizes[days[0]] == 0
 
 
 def test_shadow_cutover_rollback_decommission_on_s3a(lake_on_s3, s3, spark, tmp_path, monkeypatch):
