@@ -323,9 +323,10 @@ def run_work(
     """Plan `work` and execute it; every run is tagged with why it ran. An executor that runs
     the plan's chunks itself tells their landing sizes (`landing_sizes`); a deployment's
     backfill is chunked by Dagster's `BackfillPolicy` instead."""
+    per_run = per_run or fixed_per_run()  # read once: whether to measure, how to chunk
     sizes = None
     measure = getattr(executor, "landing_sizes", None)
-    if measure is not None and not (per_run or fixed_per_run()):
+    if measure is not None and not per_run:
         sizes = measure(sorted(set().union(*work.values())))
     return run_plan(executor, plan_work(lineage, work, per_run, sizes), trigger, tags, on_run)
 
