@@ -157,7 +157,8 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     span = DayRange("2024-01-01", "2024-02-09")
     for key in span.partition_keys():
         platform.write_orders(key, [order_line(f"o-{key}", f"{key}T10:00:00Z")] * 3)
-    # What is not a delivery weighs nothing: another suffix, a nested folder, a stray folder.
+    # What is not a delivery weighs nothing: another suffix, a nested or stray folder, a
+    # broken link.
     landing = platform.resources["landing"]
     orders_dir = Path(landing.landing_dir) / "orders"
     (orders_dir / "ingest_date=2024-01-01" / "notes.txt").write_text("x" * 5000)
@@ -165,6 +166,7 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     (orders_dir / "ingest_date=2024-01-02" / "old" / "a.jsonl").write_text("x" * 5000)
     (orders_dir / "stray").mkdir()
     (orders_dir / "stray" / "a.jsonl").write_text("x" * 5000)
+    (orders_dir / "ingest_date=2024-01-03" / "gone.jsonl").symlink_to(orders_dir / "nowhere")
     executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
     sizes = executor.landing_sizes(span.partition_keys())
     assert len(sizes) == 40 and all(size > 0 for size in sizes.values())

@@ -80,7 +80,7 @@ def list_dir(session: SparkSession, path: str) -> list[StoredObject]:
 def sizes_under(session: SparkSession, path: str) -> dict[str, int]:
     """Bytes of every file under `path` at any depth, by its path relative to `path`, from
     one recursive listing: on S3A one paged LIST of the prefix instead of two requests per
-    folder (and four py4j calls per file). Empty when `path` does not exist."""
+    folder. Empty when `path` does not exist."""
     filesystem, hadoop_path = hadoop_fs(session, path)
     if not filesystem.exists(hadoop_path):
         return {}
@@ -91,16 +91,6 @@ def sizes_under(session: SparkSession, path: str) -> dict[str, int]:
         status = files.next()
         sizes[status.getPath().toString().removeprefix(root)] = int(status.getLen())
     return sizes
-
-
-def local_sizes_under(path: str) -> dict[str, int]:
-    """`sizes_under` for a local `path`, without a JVM."""
-    root = Path(path)
-    return {
-        (Path(folder, name).relative_to(root)).as_posix(): Path(folder, name).stat().st_size
-        for folder, _, names in os.walk(root)
-        for name in names
-    }
 
 
 def list_local_dir(path: str) -> list[StoredObject]:
