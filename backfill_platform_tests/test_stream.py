@@ -19,6 +19,7 @@ from backfill_platform import cli
 from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing
+from backfill_platform.checks.stream import stream_vs_topic
 from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import (
     BatchReport,
@@ -522,3 +523,36 @@ def test_a_flood_of_malformed_messages_is_rejected_one_by_one(broker, spark, tmp
     assert rejects.count() == len(kept) and kept == {k: v for k, v in want.items() if v}
     staged = {r["order_id"] for r in platform.rows("staging/orders", "order_id LIKE 'flood-ok-%'")}
     assert staged == {f"flood-ok-{n}" for n in range(copies)}
+
+
+def test_the_offset_check_reads_from_the_ranges_first_instant_and_counts_late_clocks(
+    broker, spark, tmp_path
+):
+    """The stream check asks the broker's time index where the range starts and reads from
+    there, not from the topic's beginning; a message whose producer clock (CreateTime) is
+    older than the one before it still counts on its own day, so the read ends at the
+    partition's latest, not at the range's end."""
+    topic = "orders_clock"
+    broker.create_topic(topic, 1)
+    day = [LAUNCH + timedelta(days=n) for n in range(3)]
+    clocks = [day[0], day[0] + timedelta(hours=1), day[2], day[1], day[2] + timedelta(hours=1)]
+    messages = [
+        Message(f"k-{n}", order_line(f"clock-{n}", f"{at:%Y-%m-%dT%H:%M:%SZ}"), at, "version")
+        for n, at in enumerate(clocks)
+    ]
+    assert [p.offset for p in produce(broker.bootstrap, topic, messages)] == [0, 1, 2, 3, 4]
+    orders = OrdersTopicResource(bootstrap_servers=broker.bootstrap, topic=topic)
+    # The first offset at or after the second day's start: the third day's message at 2.
+    assert orders.offsets_at(day[1]) == {0: 2}
+    platform = Platform.create(tmp_path / "clock")
+    lake = platform.resources["lakehouse"]
+    assert catch_up(lake, orders).rows == 5
+    keys = [d.date().isoformat() for d in day]
+    for first in range(3):
+        _, metrics = stream_vs_topic(lake, orders, DayRange(keys[first], keys[2]))
+        assert {k: (m["messages"], m["streamed"], m["missing"]) for k, m in metrics.items()} == {
+            k: (n, n, 0) for k, n in zip(keys[first:], (2, 1, 2)[first:], strict=True)
+        }
+    # The second day alone: its one message sits after the third day's first one.
+    _, metrics = stream_vs_topic(lake, orders, DayRange(keys[1], keys[1]))
+    assert (metrics[keys[1]]["messages"], metrics[keys[1]]["missing"]) == (1, 0)

@@ -2,13 +2,15 @@
 raw/orders exactly once, per ingest day.
 
 The broker is asked directly (Spark's Kafka source in batch mode: partition, offset and
-timestamp of every retained message), not the stream's own commit metadata, so a batch
-that was lost, doubled or written under another query id shows. A message the stream has
-not reached yet (at or past raw's newest offset of its partition) is lag, reported and
-not failed: `stream status` and the freshness policy watch lag; this check proves what was
-written. Only where BACKFILL_STREAM_CHECK is true (definitions.py): it asks the broker
-in every raw/orders run.
+timestamp of every retained message from the range's first instant on), not the stream's
+own commit metadata, so a batch that was lost, doubled or written under another query id
+shows. A message the stream has not reached yet (at or past raw's newest offset of its
+partition) is lag, reported and not failed: `stream status` and the freshness policy
+watch lag; this check proves what was written. Only where BACKFILL_STREAM_CHECK is true
+(definitions.py): it asks the broker in every raw/orders run.
 """
+
+from datetime import UTC, datetime, time
 
 from dagster import AssetCheckExecutionContext, AssetCheckSeverity, asset_check
 from pyspark.sql import Column, DataFrame
@@ -94,8 +96,13 @@ def _per_day(
     def in_run(day: Column) -> Column:
         return (day >= F.lit(run.start)) & (day < F.lit(run.end))
 
+    # A message of the range has a timestamp at or after its start, so an offset at or after
+    # the broker's first offset for that instant (its time index): the read starts there, not
+    # at the topic's beginning. The producer's timestamps (CreateTime) need not rise with
+    # offsets, so the end stays the partition's latest.
+    first = orders.offsets_at(datetime.combine(run.start, time.min, tzinfo=UTC))
     topic = (
-        orders.read(lakehouse.session)
+        orders.read(lakehouse.session, {p: (first.get(p, 0), None) for p in broker})
         .select(
             F.col("partition").cast("int").alias("p"),
             F.col("offset").alias("o"),

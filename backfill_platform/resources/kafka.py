@@ -96,26 +96,25 @@ class OrdersTopicResource(ConfigurableResource):
         return {t.partition: t.offset if t.offset >= 0 else ends[t.partition] for t in found}
 
     def read(
-        self, session: SparkSession, spans: dict[int, tuple[int, int]] | None = None
+        self, session: SparkSession, spans: dict[int, tuple[int, int | None]] | None = None
     ) -> DataFrame:
         """The retained messages as a batch DataFrame (Spark's Kafka source): every one, or
-        partition -> [first, end) offsets of `spans`."""
+        partition -> [first, end) offsets of `spans` (end None: the partition's latest)."""
         reader = session.read.format("kafka").option(
             "kafka.bootstrap.servers", self.bootstrap_servers
         )
         if spans is None:
             reader = reader.option("subscribe", self.topic)
         else:
-            parts = sorted(p for p, (lo, hi) in spans.items() if hi > lo)
+            parts = sorted(p for p, (lo, hi) in spans.items() if hi is None or hi > lo)
+            ends = {str(p): -1 if spans[p][1] is None else spans[p][1] for p in parts}
             reader = (
                 reader.option("assign", json.dumps({self.topic: parts}))
                 .option(
                     "startingOffsets",
                     json.dumps({self.topic: {str(p): spans[p][0] for p in parts}}),
                 )
-                .option(
-                    "endingOffsets", json.dumps({self.topic: {str(p): spans[p][1] for p in parts}})
-                )
+                .option("endingOffsets", json.dumps({self.topic: ends}))
             )
         return reader.option("failOnDataLoss", "true").load()
 
