@@ -170,7 +170,7 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
     sizes = executor.landing_sizes(span.partition_keys())
     assert len(sizes) == 40 and all(size > 0 for size in sizes.values())
-    assert sizes == {  # one listing per kind, the same bytes as the files each day lists
+    assert sizes == {  # the same bytes as the files each day lists
         key: sum(f.size for kind in (ORDERS, FX_RATES) for f in landing.files(kind, [key]))
         for key in span.partition_keys()
     }

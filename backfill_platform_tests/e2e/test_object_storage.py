@@ -23,6 +23,7 @@ from dagster import DagsterInstance
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reconcile import fingerprints, reconcile_marts
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import backfill
 from backfill_platform.tables import TABLE_NAMES
 from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY, generated_landing
@@ -245,7 +246,7 @@ def test_landing_sizes_on_s3a_come_from_one_listing_and_equal_the_local_ones(lak
     sizes = remote.bytes_by_day(days)
     assert sizes == local.bytes_by_day(days)
     assert sizes == {
-        day: sum(f.size for kind in ("orders", "fx_rates") for f in remote.files(kind, [day]))
+        day: sum(f.size for kind in (ORDERS, FX_RATES) for f in remote.files(kind, [day]))
         for day in days
     }
     assert sizes[FIRST_DAY.isoformat()] > 0 and sizes[days[0]] == 0
