@@ -71,6 +71,21 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     per_run = result["seconds"]["per_run_overhead"]
     assert fixed["measured"] == round(per_run * result["scale"]["platform_runs"], 1)
     assert result["targets"]["per_partition_over_chunked"]["target"] == ">= 50.0"
+    # issue 33's targets, each printed with its measurement, met or not
+    targets, seconds = result["targets"], result["seconds"]
+    assert targets["fixed_cost_per_run_seconds"] == {
+        "target": "<= 3.0",
+        "measured": per_run,
+        "met": per_run is not None and per_run <= 3.0,
+    }
+    added = round(seconds["platform_with_checks"] / seconds["platform"] - 1, 3)
+    assert targets["checks_added_share"]["measured"] == added
+    assert targets["checks_added_share"]["target"] == "<= 0.15"
+    events_seconds = result["dagster_events"]["phases"]["platform_with_checks"]
+    share = round(events_seconds["estimated_seconds"] / seconds["platform_with_checks"], 3)
+    assert targets["dagster_event_log_share"]["measured"] == share
+    # this session keeps no Spark event log, so the cycle's jobs are not counted: not met
+    assert targets["live_cycle_spark_jobs"] == {"target": "<= 20", "measured": None, "met": False}
     # Dagster's event log: every backfill's per-partition events, priced in the session
     # (the prices are timings: at this scale, on a loaded machine, their sign is noise)
     events = result["dagster_events"]
