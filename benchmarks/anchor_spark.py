@@ -44,11 +44,9 @@ def _rates(spark: SparkSession, landing: Path) -> DataFrame:
 
 def order_lines(spark: SparkSession, landing: Path) -> DataFrame:
     """Every delivered order line: whole files split on newlines, numbered for the tie-break."""
-    files = (
-        spark.read.option("wholetext", True)
-        .text(str(landing / "orders" / "ingest_date=*" / "*.jsonl"))
-        .withColumn("file", F.input_file_name())
-    )
+    files = spark.read.text(
+        str(landing / "orders" / "ingest_date=*" / "*.jsonl"), wholetext=True
+    ).withColumn("file", F.input_file_name())
     return files.select(
         F.to_date(F.regexp_extract("file", r"ingest_date=([0-9-]{10})", 1)).alias("ingest_date"),
         F.regexp_extract("file", r"([^/]+)$", 1).alias("file_name"),
