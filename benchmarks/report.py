@@ -33,6 +33,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"| plain Spark: a hand-written job without the platform's transforms | "
         f"{sec['plain_spark']:.1f} | {rows_s['plain_spark']:,} | {mem_of('plain_spark')} | "
         f"{jobs('plain_spark')} |",
+        f"| same tables: a hand-written job building the platform's six tables as Delta, no "
+        f"checks (tables equal: {_yes(r['checks'].get('same_tables_equals_platform'))}) | "
+        f"{sec['same_tables']:.1f} | {rows_s['same_tables']:,} | {mem_of('same_tables')} | "
+        f"{jobs('same_tables')} |",
         f"| DuckDB: the contract as SQL on one machine, landing -> marts as Parquet | "
         f"{sec['duckdb']:.1f} | {rows_s['duckdb']:,} | {mem_of('duckdb')} | |",
         f"| platform: full backfill through Dagster, empty lakehouse | {sec['platform']:.1f} | "
@@ -107,6 +111,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{_yes(r['checks']['plain_spark_equals_platform'])} | |",
         f"| DuckDB and platform marts identical | yes | "
         f"{_yes(r['checks']['duckdb_equals_platform'])} | |",
+        f"| same-tables job and platform: six tables identical (count and hash) | yes | "
+        f"{_yes(r['checks']['same_tables_equals_platform'])} | |",
         "",
         *crm_lines,
         *([""] if crm_lines else []),
@@ -179,6 +185,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
     bars = [
         ("DuckDB", sec["duckdb"], "#444444"),
         ("plain Spark job", sec["plain_spark"], "#666666"),
+        ("same-tables job", sec["same_tables"], "#777777"),
         ("floor (platform transforms)", sec["floor"], "#888888"),
         ("platform backfill", sec["platform"], "#1f77b4"),
         ("platform with checks", sec["platform_with_checks"], "#08519c"),
@@ -226,7 +233,7 @@ def _breakdown(ax, r: dict[str, Any]) -> None:
     next to the plain Spark job: where the gap is, at a glance."""
     sec, spark = r["seconds"], r["spark_phases"]
     events = r["dagster_events"]["phases"]
-    rows = [("plain Spark job", "plain_spark")] + [
+    rows = [("plain Spark job", "plain_spark"), ("same-tables job", "same_tables")] + [
         (label, name)
         for label, name in (
             ("platform, no CRM assets", "platform_anchor_marts"),
