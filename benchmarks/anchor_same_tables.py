@@ -23,7 +23,15 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from benchmarks.anchor_spark import _FIELDS, _STATUSES, _TIMESTAMP
+from benchmarks.anchor_spark import (
+    _FIELDS,
+    _STATUSES,
+    _TIMESTAMP,
+    customer_ltv,
+    daily_revenue,
+    in_usd,
+    require_rates,
+)
 
 # Per table: its partition column and the columns the bench compares with the platform's.
 SAME_TABLE_COLUMNS: dict[str, tuple[str, list[str]]] = {
@@ -172,42 +180,8 @@ def _staging(raw: DataFrame, first: date, last: date) -> DataFrame:
         raw.where(F.col("reject_reason").isNull())
         .withColumn("rank", F.row_number().over(latest))
         .where((F.col("rank") == 1) & F.col("event_date").between(first, last))
-        .select(
-            "event_date",
-            "order_id",
-            "customer_id",
-            "event_time",
-            "updated_at",
-            "status",
-            "currency",
-            "amount",
-            "ingest_date",
-            "file_name",
-            "line_number",
-            "_loaded_at",
-        )
+        .select(*SAME_TABLE_COLUMNS["staging/orders"][1], "_loaded_at")
     )
-
-
-def _priced(orders: DataFrame, rates: DataFrame) -> DataFrame:
-    """Each order's point-in-time rate: its event day's, else the latest of the 7 before."""
-    usd = orders.where(F.col("currency") == "USD").withColumn(
-        "usd_per_unit", F.lit(1).cast("decimal(18,8)")
-    )
-    other = orders.where(F.col("currency") != "USD").alias("o")
-    joined = other.join(
-        F.broadcast(rates.alias("r")),
-        (F.col("o.currency") == F.col("r.currency"))
-        & F.col("r.rate_date").between(F.date_sub("o.event_date", 7), F.col("o.event_date")),
-        "left",
-    )
-    nearest = Window.partitionBy("o.order_id").orderBy(F.col("r.rate_date").desc_nulls_last())
-    priced = (
-        joined.withColumn("pick", F.row_number().over(nearest))
-        .where("pick = 1")
-        .select("o.*", "r.usd_per_unit")
-    )
-    return usd.unionByName(priced)
 
 
 def _write(df: DataFrame, out_dir: Path, table: str) -> None:
@@ -256,52 +230,14 @@ def run_same_tables(
             raw.unpersist()
         try:
             _write(staging, out, "staging/orders")
-            priced = _priced(staging, rates).persist(StorageLevel.MEMORY_AND_DISK)
+            priced = in_usd(staging, rates).persist(StorageLevel.MEMORY_AND_DISK)
         finally:
             staging.unpersist()
         try:
-            _marts(priced, last, out)
+            require_rates(priced)
+            _write(daily_revenue(priced), out, "marts/fct_daily_revenue")
+            _write(customer_ltv(priced, last), out, "marts/customer_ltv")
         finally:
             priced.unpersist()
     finally:
         fx.unpersist()
-
-
-def _marts(priced: DataFrame, last: date, out: Path) -> None:
-    missing = priced.where(F.col("usd_per_unit").isNull()).select("event_date", "currency")
-    if missing.limit(1).count():
-        raise ValueError(f"no FX rate within 7 days for {missing.distinct().take(5)}")
-    paid = F.col("status") == "paid"
-    usd = F.col("amount") * F.col("usd_per_unit")
-    daily = priced.groupBy("event_date", "currency").agg(
-        F.count(F.lit(1)).alias("orders"),
-        F.count(F.when(paid, 1)).alias("paid_orders"),
-        F.coalesce(F.sum(F.when(paid, F.col("amount"))), F.lit(0)).alias("revenue_local"),
-        F.coalesce(F.sum(F.when(paid, usd)), F.lit(0)).alias("revenue_usd"),
-    )
-    _write(daily, out, "marts/fct_daily_revenue")
-
-    by_customer = Window.partitionBy("customer_id").orderBy("event_date")
-    per_day = (
-        priced.where(paid & F.col("customer_id").isNotNull())
-        .groupBy("customer_id", "event_date")
-        .agg(F.count(F.lit(1)).alias("paid"), F.sum(usd).alias("usd"))
-    )
-    running = per_day.select(
-        "customer_id",
-        "event_date",
-        F.sum("paid").over(by_customer).alias("lifetime_paid_orders"),
-        F.sum("usd").over(by_customer).alias("lifetime_revenue_usd"),
-        F.min("event_date").over(by_customer).alias("first_order_date"),
-        F.coalesce(F.date_sub(F.lead("event_date").over(by_customer), 1), F.lit(last)).alias(
-            "until"
-        ),
-    )
-    ltv = running.select(
-        F.explode(F.sequence("event_date", "until")).alias("snapshot_date"),
-        "customer_id",
-        "lifetime_paid_orders",
-        "lifetime_revenue_usd",
-        "first_order_date",
-    )
-    _write(ltv, out, "marts/customer_ltv")

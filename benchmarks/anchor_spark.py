@@ -107,7 +107,7 @@ def _orders(
     )
 
 
-def _in_usd(orders: DataFrame, rates: DataFrame) -> DataFrame:
+def in_usd(orders: DataFrame, rates: DataFrame) -> DataFrame:
     """Each order's point-in-time rate: its event day's, else the latest of the 7 before."""
     usd = orders.where(F.col("currency") == "USD").withColumn(
         "usd_per_unit", F.lit(1).cast("decimal(18,8)")
@@ -128,6 +128,55 @@ def _in_usd(orders: DataFrame, rates: DataFrame) -> DataFrame:
     return usd.unionByName(priced)
 
 
+def require_rates(priced: DataFrame) -> None:
+    """Contract 1.2: no rate within the reach is an error, never a guess."""
+    missing = priced.where(F.col("usd_per_unit").isNull()).select("event_date", "currency")
+    if missing.limit(1).count():
+        raise ValueError(f"no FX rate within 7 days for {missing.distinct().take(5)}")
+
+
+def daily_revenue(priced: DataFrame) -> DataFrame:
+    """`marts/fct_daily_revenue` from priced orders (each with its `usd_per_unit`)."""
+    paid = F.col("status") == "paid"
+    usd = F.col("amount") * F.col("usd_per_unit")
+    return priced.groupBy("event_date", "currency").agg(
+        F.count(F.lit(1)).alias("orders"),
+        F.count(F.when(paid, 1)).alias("paid_orders"),
+        F.coalesce(F.sum(F.when(paid, F.col("amount"))), F.lit(0)).alias("revenue_local"),
+        F.coalesce(F.sum(F.when(paid, usd)), F.lit(0)).alias("revenue_usd"),
+    )
+
+
+def customer_ltv(priced: DataFrame, last: date) -> DataFrame:
+    """`marts/customer_ltv` up to `last`: running totals repeated over the days between a
+    customer's paid days."""
+    paid = F.col("status") == "paid"
+    usd = F.col("amount") * F.col("usd_per_unit")
+    by_customer = Window.partitionBy("customer_id").orderBy("event_date")
+    daily = (
+        priced.where(paid & F.col("customer_id").isNotNull())
+        .groupBy("customer_id", "event_date")
+        .agg(F.count(F.lit(1)).alias("paid"), F.sum(usd).alias("usd"))
+    )
+    running = daily.select(
+        "customer_id",
+        "event_date",
+        F.sum("paid").over(by_customer).alias("lifetime_paid_orders"),
+        F.sum("usd").over(by_customer).alias("lifetime_revenue_usd"),
+        F.min("event_date").over(by_customer).alias("first_order_date"),
+        F.coalesce(F.date_sub(F.lead("event_date").over(by_customer), 1), F.lit(last)).alias(
+            "until"
+        ),
+    )
+    return running.select(
+        F.explode(F.sequence("event_date", "until")).alias("snapshot_date"),
+        "customer_id",
+        "lifetime_paid_orders",
+        "lifetime_revenue_usd",
+        "first_order_date",
+    )
+
+
 def run_anchor_spark(
     spark: SparkSession, landing_dir: Path, first: date, last: date, out_dir: Path
 ) -> None:
@@ -138,43 +187,15 @@ def run_anchor_spark(
     known = ["USD", *(r["currency"] for r in rates.select("currency").distinct().collect())]
     orders = _orders(spark, landing, known, first, last)
     orders = orders.where(F.col("event_date").between(first, last))
-    priced = _in_usd(orders, rates).cache()
+    priced = in_usd(orders, rates).cache()
     try:
-        missing = priced.where(F.col("usd_per_unit").isNull()).select("event_date", "currency")
-        if missing.limit(1).count():
-            raise ValueError(f"no FX rate within 7 days for {missing.distinct().take(5)}")
-        paid = F.col("status") == "paid"
-        usd = F.col("amount") * F.col("usd_per_unit")
-        priced.groupBy("event_date", "currency").agg(
-            F.count(F.lit(1)).alias("orders"),
-            F.count(F.when(paid, 1)).alias("paid_orders"),
-            F.coalesce(F.sum(F.when(paid, F.col("amount"))), F.lit(0)).alias("revenue_local"),
-            F.coalesce(F.sum(F.when(paid, usd)), F.lit(0)).alias("revenue_usd"),
-        ).write.mode("overwrite").parquet(str(Path(out_dir) / "fct_daily_revenue"))
-
-        by_customer = Window.partitionBy("customer_id").orderBy("event_date")
-        daily = (
-            priced.where(paid & F.col("customer_id").isNotNull())
-            .groupBy("customer_id", "event_date")
-            .agg(F.count(F.lit(1)).alias("paid"), F.sum(usd).alias("usd"))
+        require_rates(priced)
+        daily_revenue(priced).write.mode("overwrite").parquet(
+            str(Path(out_dir) / "fct_daily_revenue")
         )
-        running = daily.select(
-            "customer_id",
-            "event_date",
-            F.sum("paid").over(by_customer).alias("lifetime_paid_orders"),
-            F.sum("usd").over(by_customer).alias("lifetime_revenue_usd"),
-            F.min("event_date").over(by_customer).alias("first_order_date"),
-            F.coalesce(F.date_sub(F.lead("event_date").over(by_customer), 1), F.lit(last)).alias(
-                "until"
-            ),
+        customer_ltv(priced, last).write.mode("overwrite").parquet(
+            str(Path(out_dir) / "customer_ltv")
         )
-        running.select(
-            F.explode(F.sequence("event_date", "until")).alias("snapshot_date"),
-            "customer_id",
-            "lifetime_paid_orders",
-            "lifetime_revenue_usd",
-            "first_order_date",
-        ).write.mode("overwrite").parquet(str(Path(out_dir) / "customer_ltv"))
     finally:
         priced.unpersist()
         rates.unpersist()
