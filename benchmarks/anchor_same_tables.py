@@ -8,8 +8,9 @@ for every table a user keeps, so "platform over this" is the price of the platfo
 
 Written against the contract (docs/contract.md 1.1, 1.2, 2.1) the way a data engineer
 would: whole-file text reads split on newlines (the line numbers the tie-break needs),
-`json_tuple`, one cached parse feeding raw, staging and the rejects, a window for
-latest-wins, a broadcast FX join, exact decimals, `partitionBy` + overwrite per table.
+`json_tuple`, raw written once and read back for staging and the rejects, a window for
+latest-wins, a broadcast FX join, exact decimals, a shuffle on the partition column before
+each `partitionBy` + overwrite.
 Reject reasons are this job's own words; the bench compares the tables on the columns the
 contract defines (`SAME_TABLE_COLUMNS`), not on audit columns or reason texts.
 """
@@ -185,59 +186,70 @@ def _staging(raw: DataFrame, first: date, last: date) -> DataFrame:
 
 
 def _write(df: DataFrame, out_dir: Path, table: str) -> None:
+    """Overwrite the table, one file per partition value: a shuffle on the partition column
+    first, as a user tunes a partitioned write (without it every task writes a file into
+    every day it holds)."""
     partition, _ = SAME_TABLE_COLUMNS[table]
-    df.write.format("delta").mode("overwrite").partitionBy(partition).save(str(out_dir / table))
+    (
+        df.repartition(partition)
+        .write.format("delta")
+        .mode("overwrite")
+        .partitionBy(partition)
+        .save(str(out_dir / table))
+    )
+
+
+def _read(spark: SparkSession, out_dir: Path, table: str) -> DataFrame:
+    return spark.read.format("delta").load(str(out_dir / table))
 
 
 def run_same_tables(
     spark: SparkSession, landing_dir: Path, first: date, last: date, out_dir: Path
 ) -> None:
     """The six tables for first..last as Delta tables under out_dir/<layer>/<name>, from the
-    landing days first..last (as the platform's backfill of that range reads them)."""
+    landing days first..last (as the platform's backfill of that range reads them).
+
+    Each layer is read back from the table just written, not from a cache of the parse:
+    the Delta table is the columnar, compressed copy a user's next step would read, where a
+    cache of every parsed line spills to disk at the bench's scale.
+    """
     landing, out = Path(landing_dir), Path(out_dir)
     every_fx = _fx(spark, landing)
-    fx = every_fx.where(F.col("rate_date").between(first, last)).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    _write(every_fx.where(F.col("rate_date").between(first, last)), out, "raw/fx_rates")
+    # Contract 1.1: a currency is known when any rate file of the landing zone has it.
+    valid_fx = every_fx.where(F.col("reject_reason").isNull())
+    known = ["USD", *(r["currency"] for r in valid_fx.select("currency").distinct().collect())]
     orders_glob = str(landing / "orders" / "ingest_date=*" / "*.jsonl")
     lines = _lines(spark, orders_glob, "ingest_date").where(F.col("day").between(first, last))
+    _write(_raw_orders(lines, known), out, "raw/orders")
+
+    raw = _read(spark, out, "raw/orders")
+    _write(
+        raw.where(F.col("reject_reason").isNotNull()).select(
+            "ingest_date",
+            "file_name",
+            "line_number",
+            F.col("line").alias("raw_text"),
+            F.col("reject_reason").alias("reason"),
+            "_source_path",
+            "_loaded_at",
+        ),
+        out,
+        "staging/orders_rejects",
+    )
+    _write(_staging(raw, first, last), out, "staging/orders")
+
+    rates = (
+        _read(spark, out, "raw/fx_rates")
+        .where(F.col("reject_reason").isNull())
+        .select("rate_date", "currency", "usd_per_unit")
+    )
+    priced = in_usd(_read(spark, out, "staging/orders"), rates).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     try:
-        _write(fx, out, "raw/fx_rates")
-        rates = fx.where(F.col("reject_reason").isNull()).select(
-            "rate_date", "currency", "usd_per_unit"
-        )
-        # Contract 1.1: a currency is known when any rate file of the landing zone has it.
-        valid_fx = every_fx.where(F.col("reject_reason").isNull())
-        known = ["USD", *(r["currency"] for r in valid_fx.select("currency").distinct().collect())]
-        raw = _raw_orders(lines, known).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            _write(raw, out, "raw/orders")
-            _write(
-                raw.where(F.col("reject_reason").isNotNull()).select(
-                    "ingest_date",
-                    "file_name",
-                    "line_number",
-                    F.col("line").alias("raw_text"),
-                    F.col("reject_reason").alias("reason"),
-                    "_source_path",
-                    "_loaded_at",
-                ),
-                out,
-                "staging/orders_rejects",
-            )
-            staging = _staging(raw, first, last).persist(StorageLevel.MEMORY_AND_DISK)
-        finally:
-            raw.unpersist()
-        try:
-            _write(staging, out, "staging/orders")
-            priced = in_usd(staging, rates).persist(StorageLevel.MEMORY_AND_DISK)
-        finally:
-            staging.unpersist()
-        try:
-            require_rates(priced)
-            _write(daily_revenue(priced), out, "marts/fct_daily_revenue")
-            _write(customer_ltv(priced, last), out, "marts/customer_ltv")
-        finally:
-            priced.unpersist()
+        require_rates(priced)
+        _write(daily_revenue(priced), out, "marts/fct_daily_revenue")
+        _write(customer_ltv(priced, last), out, "marts/customer_ltv")
     finally:
-        fx.unpersist()
+        priced.unpersist()
