@@ -78,6 +78,46 @@ def test_the_write_that_creates_a_table_refuses_rows_outside_its_range_too(lake,
         assert not lake.exists(TABLE)
 
 
+def test_a_shared_table_is_replaced_on_its_partitions_alone_until_another_writer_is_there(
+    lake, spark
+):
+    """raw/orders' write path owns its landing rows only (the stream's have a kafka_topic).
+    Where the range holds none of the stream's rows, the replace drops the range's files
+    on the partition column alone, without reading them (a data predicate made Delta read
+    and rewrite every file of a re-ingested range); where it holds some, only the owned
+    rows are replaced. Either way a row the path does not own is refused."""
+    name, day1, day2, end = "raw/orders", date(2024, 1, 1), date(2024, 1, 2), date(2024, 1, 3)
+
+    def rows(values):
+        return spark.createDataFrame(values, "d string, v int, kafka_topic string").select(
+            F.to_date("d").alias("ingest_date"), "v", "kafka_topic"
+        )
+
+    def last_predicate():
+        return lake.delta_table(name).history(1).first()["operationParameters"]["predicate"]
+
+    landing = [("2024-01-01", 1, None), ("2024-01-02", 2, None)]
+    lake.replace_range(name, rows(landing), "ingest_date", day1, end, {})
+    files = lake.detail(name).num_files
+    commit = lake.replace_range(name, rows(landing), "ingest_date", day1, end, {})
+    assert "kafka_topic" not in last_predicate() and commit.files_removed == files
+    lake.append(name, rows([("2024-01-02", 99, "orders")]), "ingest_date", {})
+    commit = lake.replace_range(name, rows(landing), "ingest_date", day1, end, {})
+    assert "kafka_topic" in last_predicate() and commit.rows_removed == 2
+    assert sorted((r["v"], r["kafka_topic"]) for r in lake.read(name).collect()) == [
+        (1, None),
+        (2, None),
+        (99, "orders"),
+    ]
+    version = lake.current_version(name)
+    for first, last in ((day1, day2), (day1, end)):  # alone on day 1; shared over both days
+        with pytest.raises(TableWriteError, match="does not own"):
+            lake.replace_range(
+                name, rows([("2024-01-01", 5, "orders")]), "ingest_date", first, last, {}
+            )
+    assert lake.current_version(name) == version
+
+
 def test_new_columns_are_added_dropped_or_retyped_columns_refused(lake, spark):
     day = (date(2024, 1, 1), date(2024, 1, 2))
     lake.replace_range(TABLE, _days(spark, [("2024-01-01", 1)]), "d", *day, {})

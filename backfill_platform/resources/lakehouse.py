@@ -328,9 +328,16 @@ class LakehouseResource(ConfigurableResource):
                 owned = _OWNED.get(name) and table(name).owned_predicate(
                     (df.schema if current is None else current).fieldNames()
                 )
-                predicate = f"{in_range} AND {owned}" if owned else in_range
+                accepted = f"{in_range} AND {owned}" if owned else in_range
+                predicate = (
+                    accepted
+                    if owned and not self._range_owned_alone(key, in_range, owned)
+                    else in_range
+                )
                 data = (
-                    _refuse_rows_outside(df, partition_column, predicate) if current is None else df
+                    _refuse_rows_outside(df, partition_column, accepted)
+                    if current is None or predicate != accepted
+                    else df
                 )
                 adds_columns = current is not None and self._check_schema(name, current, data)
                 # One file per date partition per write keeps the file count bounded over
@@ -598,6 +605,23 @@ class LakehouseResource(ConfigurableResource):
                 writer = writer.partitionBy(partition_column)
             writer.save(self.table_path(key))
             return self.current_version(key)
+
+    def _range_owned_alone(self, key: AssetKey | str, in_range: str, owned: str) -> bool:
+        """Whether the write path may replace the range on its partition column alone: the
+        table exists, holds no other writer's rows there, and no other writer can commit
+        before this one (the table lock, held by the caller, on a local root).
+
+        Why it pays: a replaceWhere on a data column (`kafka_topic IS NULL`) makes Delta
+        read every file of the range to find the rows to drop and rewrite the rest, so a
+        re-ingest of raw read its whole range twice; on the partition column alone Delta
+        drops the range's files from the log without reading them. The check reads no data
+        file where the stream never wrote: Delta skips each file by its null count.
+        An object-store root has no lock: a stream batch committed between this check and
+        the replace would be dropped with the range, so there the data predicate stays.
+        """
+        if self._local_root() is None or not self.exists(key):
+            return False
+        return self.read(key).where(f"{in_range} AND NOT ({owned})").isEmpty()
 
     def _retrying_conflicts(self, name: str, what: str, write: Callable[[], _T]) -> _T:
         """Run `write` again when a concurrent writer committed first and Delta found the two
