@@ -92,8 +92,8 @@ def guard_source(
 ) -> None:
     """Fail before writing when the re-ingest would lose rows, unless a purge is allowed.
 
-    `held` is `held_rows` of the run's range; `incoming` the rows about to replace them
-    (cache it when `held` is not empty: the write reads it again).
+    `held` is `held_rows` of the run's range; `incoming` the rows about to replace them, or
+    any frame with one row per such row and its day and file name (only counted).
     """
     losses = source_losses(key, held, incoming)
     if not losses:

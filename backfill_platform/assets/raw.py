@@ -5,7 +5,6 @@ and a `reject_reason`, so staging can quarantine them and reconciliation can cou
 """
 
 from dagster import AssetExecutionContext, MetadataValue, asset
-from pyspark import StorageLevel
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
@@ -51,9 +50,9 @@ def raw_orders(
 
     Replaces only landing lines: the stream's rows of the same ingest days stay (tables.py,
     `owned_rows`). Refuses to replace raw by fewer lines than it holds (assets/preservation.py). The
-    row counts of the metadata are taken inside the write (`ObservedFrame`): a first
-    ingest reads and parses the delivery once, straight into the Delta files; only a
-    re-ingest, which the guard compares first, caches the parsed rows.
+    row counts of the metadata are taken inside the write (`ObservedFrame`): the delivery
+    is parsed once, straight into the Delta files; a re-ingest, which the guard compares
+    first, also counts the delivery's lines per file before.
     """
     files = landing.files(ORDERS, context.partition_keys)
     held = held_rows(lakehouse, RAW_ORDERS, *run_dates(context))
@@ -65,9 +64,11 @@ def raw_orders(
         .withColumn("_loaded_at", F.current_timestamp())
         .withColumns(null_kafka_columns())
     )
-    if held:
-        every_line = every_line.persist(StorageLevel.MEMORY_AND_DISK)
-    guard_source(context, config, RAW_ORDERS, held, every_line.where(~F.col("is_blank")))
+    # The guard needs lines per file, not parsed rows: counted from the split lines alone,
+    # the parse still streams straight into the write (a cache of the parsed re-ingest
+    # spilled to disk and made a re-run a third slower than the first build).
+    delivered = lines.where(~F.col("is_blank")).withColumnRenamed("day", "ingest_date")
+    guard_source(context, config, RAW_ORDERS, held, delivered)
     stats = Observation("raw_orders")
     observed = every_line.observe(
         stats,
