@@ -329,14 +329,17 @@ class LakehouseResource(ConfigurableResource):
                     (df.schema if current is None else current).fieldNames()
                 )
                 accepted = f"{in_range} AND {owned}" if owned else in_range
-                predicate = (
-                    accepted
-                    if owned and not self._range_owned_alone(key, in_range, owned)
-                    else in_range
+                # On the partition column alone, Delta checks only the range: the full rule
+                # is then checked inside the write, as on the write that creates the table.
+                alone = (
+                    bool(owned)
+                    and current is not None
+                    and self._range_owned_alone(key, in_range, owned)
                 )
+                predicate = in_range if alone else accepted
                 data = (
                     _refuse_rows_outside(df, partition_column, accepted)
-                    if current is None or predicate != accepted
+                    if current is None or alone
                     else df
                 )
                 adds_columns = current is not None and self._check_schema(name, current, data)
@@ -607,9 +610,10 @@ class LakehouseResource(ConfigurableResource):
             return self.current_version(key)
 
     def _range_owned_alone(self, key: AssetKey | str, in_range: str, owned: str) -> bool:
-        """Whether the write path may replace the range on its partition column alone: the
-        table exists, holds no other writer's rows there, and no other writer can commit
-        before this one (the table lock, held by the caller, on a local root).
+        """Whether the write path may replace the range of an existing table on its
+        partition column alone: the table holds no other writer's rows there, and no other
+        writer can commit before this one (the table lock, held by the caller, on a local
+        root).
 
         Why it pays: a replaceWhere on a data column (`kafka_topic IS NULL`) makes Delta
         read every file of the range to find the rows to drop and rewrite the rest, so a
@@ -619,7 +623,7 @@ class LakehouseResource(ConfigurableResource):
         An object-store root has no lock: a stream batch committed between this check and
         the replace would be dropped with the range, so there the data predicate stays.
         """
-        if self._local_root() is None or not self.exists(key):
+        if self._local_root() is None:
             return False
         return self.read(key).where(f"{in_range} AND NOT ({owned})").isEmpty()
 
