@@ -107,6 +107,8 @@ def _stream_committed_during_a_pass(events: list[dict], lake: LakehouseResource)
     first run: a "run" event marks a run's end, and the stream may commit only during the
     first run (the shop's feed is short at the small size), so it cannot mark the start."""
     passes = [(e["t"] - e["seconds"], e["t"]) for e in events if e["event"] == "pass"]
+    if not passes:  # polled every 2 s: no history read before a pass has ended
+        return False
     commits = _stream_commit_times(lake)
     return any(start <= t <= end for start, end in passes for t in commits)
 
