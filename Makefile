@@ -226,7 +226,7 @@ ui: install dagster-home $(STREAM_BROKER)
 		$(VENV)/bin/dagster dev -w workspace.yaml $(UI_ARGS)
 
 # The live order stream (docs/live-stream.md): a one-node Kafka broker (KRaft) on
-# BACKFILL_KAFKA_BOOTSTRAP (default 127.0.0.1:9092, controller on the next port), data and
+# BACKFILL_KAFKA_BOOTSTRAP (default 127.0.0.1:9092, controller on the next port if free), data and
 # log in KAFKA_DATA, the topic BACKFILL_ORDERS_TOPIC with KAFKA_PARTITIONS partitions.
 KAFKA_DATA ?= $(dir $(LANDING))kafka
 KAFKA_PARTITIONS ?= 4

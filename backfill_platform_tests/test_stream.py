@@ -5,6 +5,7 @@ a landing re-ingest that keeps the stream's rows of its day."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -32,7 +33,9 @@ from backfill_platform.operations.stream import (
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
-from backfill_platform.sources.kafka_broker import kafka_broker
+from backfill_platform.sources.crm_process import free_port
+from backfill_platform.sources.kafka_broker import kafka_broker, running_broker
+from backfill_platform.sources.kafka_broker import main as kafka_cli
 from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform.transforms.orders import latest_wins
@@ -251,6 +254,25 @@ def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
     )
     won = {r["order_id"]: r["status"] for r in latest_wins(rows).collect()}
     assert won == {"a": "message", "b": "p2", "c": "later day"}
+
+
+def test_kafka_start_finds_another_controller_port_when_the_next_one_is_taken(tmp_path, capsys):
+    """`make kafka-start` puts the controller on the port after the client's. When another
+    process holds that one (an ephemeral port, as on a busy CI machine), the broker starts
+    on another port instead of exiting at start (CI's `make demo STREAM=on`, 2026-11-28)."""
+    port = free_port()
+    data = tmp_path / "kafka"
+    bootstrap = f"127.0.0.1:{port}"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port + 1))
+        holder.listen()
+        try:
+            assert kafka_cli(["start", "--data", str(data), "--bootstrap", bootstrap]) == 0
+            assert f"broker at {bootstrap}, topic orders" in capsys.readouterr().out
+            voters = (data / "server.properties").read_text()
+            assert f"CONTROLLER://127.0.0.1:{port + 1}" not in voters
+        finally:
+            running_broker(data, bootstrap).stop()
 
 
 def test_a_streamed_day_past_the_partitions_does_not_break_the_live_sensors():

@@ -195,12 +195,24 @@ def start_broker(
     (data / PID_FILE).write_text(str(process.pid))
     broker = KafkaBroker(f"127.0.0.1:{port}", data, None if detach else process)
     try:
-        _wait_ready(broker.bootstrap, process)
+        _wait_ready(broker.bootstrap, process, data / LOG_FILE)
     except BrokerError:
         broker.process = process
         broker.stop(timeout=10)
         raise
     return broker
+
+
+def controller_port_beside(port: int) -> int:
+    """The controller's port: the one after the client's when it is free, else any free one.
+    Only the broker itself dials it, so it may change between starts; a taken port+1 (another
+    service's ephemeral port) would otherwise kill the broker at start."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port + 1))
+        except OSError:
+            return free_port()
+    return port + 1
 
 
 def running_broker(data: Path, bootstrap: str) -> KafkaBroker:
@@ -231,14 +243,16 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             raise
 
 
-def _wait_ready(bootstrap: str, process: subprocess.Popen) -> None:
+def _wait_ready(bootstrap: str, process: subprocess.Popen, log: Path) -> None:
     """Until the broker accepts connections and lists itself in metadata, or it exits, or
     the timeout. The port is probed first: a client would log every refused connection."""
     host, _, port = bootstrap.rpartition(":")
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise BrokerError(f"the broker exited ({process.returncode}); see its log")
+            raise BrokerError(
+                f"the broker exited ({process.returncode}): {_first_error(log)}; see its log"
+            )
         with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
             try:
                 if admin_client(bootstrap).list_topics(timeout=5).brokers:
@@ -249,6 +263,15 @@ def _wait_ready(bootstrap: str, process: subprocess.Popen) -> None:
     raise BrokerError(f"the broker at {bootstrap} did not answer in {START_TIMEOUT_SECONDS} s")
 
 
+def _first_error(log: Path) -> str:
+    """The log's first ERROR line (e.g. a port in use), so the refusal names the cause."""
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if "] ERROR " in line or "] FATAL " in line:
+                return line.split("] ", 1)[1][:300]
+    return "no ERROR line in its log"
+
+
 def admin_client(bootstrap: str) -> AdminClient:
     """An admin client whose librdkafka log goes to Python's logging, not the terminal."""
     return AdminClient({"bootstrap.servers": bootstrap}, logger=CLIENT_LOG)
@@ -257,6 +280,9 @@ def admin_client(bootstrap: str) -> AdminClient:
 def _alive(pid: int, process: subprocess.Popen | None) -> bool:
     if process is not None:
         return process.poll() is None
+    with contextlib.suppress(ChildProcessError):  # not our child: the signal probe decides
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our detached child, exited: reaped here
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -287,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     port = int(bootstrap.rpartition(":")[2])
     try:
-        broker = start_broker(args.data, port=port, controller_port=port + 1, detach=True)
+        broker = start_broker(
+            args.data, port=port, controller_port=controller_port_beside(port), detach=True
+        )
         broker.create_topic(args.topic, args.partitions)
     except (BrokerError, KafkaException) as error:
         print(f"Refused: {error} ({args.data / LOG_FILE})", file=sys.stderr)
