@@ -20,9 +20,6 @@ from dagster import DagsterInstance
 
 from backfill_platform import cli
 from backfill_platform.definitions import all_assets, build_resources
-from backfill_platform.operations.stream import STREAM_WRITER
-from backfill_platform.reconcile import expected_fct_by_key, fct_by_key, reconcile_marts
-from backfill_platform.reference import StreamMessage, compute_contract_answer
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.stream_process import StreamProcess
 from backfill_platform.runner import backfill as run_backfill
@@ -31,7 +28,13 @@ from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import Message, Produced, produce, shop_events
 from backfill_platform_tests.harness import spark_resource_for_tests
 from backfill_platform_tests.reliability.procs import REPO_ROOT, reap, spawn
-from backfill_platform_tests.reliability.stream_helpers import offsets, wait_for_offsets
+from backfill_platform_tests.reliability.stream_helpers import (
+    as_message,
+    converged,
+    overlap_messages,
+    stream_commit_times,
+    wait_for_offsets,
+)
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
@@ -57,49 +60,12 @@ SIZES = {
         "rate": 2,
     },
 }
-OVERLAP = 5  # landing lines of the launch day that the stream also carries
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     with kafka_broker(tmp_path_factory.mktemp("kafka") / "data", TOPIC, partitions=3) as b:
         yield b
-
-
-def _overlap(landing, day, launch: datetime) -> list[Message]:
-    """The export's first valid lines of its last day sent again by the stream an hour
-    after launch: the same records both ways, on the same ingest day (counted once; the
-    message wins where the line was its order's latest version)."""
-    staged = compute_contract_answer(landing).staging
-    folder = landing / "orders" / f"ingest_date={day.isoformat()}"
-    chosen = []
-    for path in sorted(folder.glob("*.jsonl")):
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            order = staged.get(_order_id(line))
-            if order is not None and (order.file_name, order.line_number) == (path.name, number):
-                chosen.append(Message(order.order_id, line, launch + timedelta(hours=1), "both"))
-    return chosen[:OVERLAP]
-
-
-def _order_id(line: str) -> str | None:
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        return None
-    return doc.get("order_id") if isinstance(doc, dict) else None
-
-
-def _as_message(p: Produced) -> StreamMessage:
-    ms = int(p.message.timestamp.timestamp() * 1000)
-    return StreamMessage(p.topic, p.partition, p.offset, ms, p.message.value.encode())
-
-
-def _stream_commit_times(lake: LakehouseResource) -> list[float]:
-    return sorted(
-        c["timestamp"].replace(tzinfo=UTC).timestamp()
-        for c in lake.history("raw/orders")
-        if c["metadata"].get("writer") == STREAM_WRITER
-    )
 
 
 def _stream_committed_during_a_pass(events: list[dict], lake: LakehouseResource) -> bool:
@@ -109,7 +75,7 @@ def _stream_committed_during_a_pass(events: list[dict], lake: LakehouseResource)
     passes = [(e["t"] - e["seconds"], e["t"]) for e in events if e["event"] == "pass"]
     if not passes:  # polled every 2 s: no history read before a pass has ended
         return False
-    commits = _stream_commit_times(lake)
+    commits = stream_commit_times(lake)
     return any(start <= t <= end for start, end in passes for t in commits)
 
 
@@ -135,7 +101,7 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
     before, during = cfg["stream"]
     shop = shop_events(launch, before + during, seed=21, orders_per_day=cfg["stream_day"])
     split = next(i for i, m in enumerate(shop) if m.key == f"s-21-{before:06d}")
-    overlap = _overlap(landing, last, launch)
+    overlap = overlap_messages(landing, last, launch)
     produced = produce(broker.bootstrap, TOPIC, overlap + shop[:split])
     process = StreamProcess(home / "stream")
     assert cli.main(["stream", "start", "--trigger-seconds", "1"]) == 0
@@ -186,7 +152,7 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
         # Python and its JVM) with its pass in flight, and started again; the stream is
         # never stopped.
         deadline = time.monotonic() + 900
-        while not [t for t in _stream_commit_times(lake) if t > went]:
+        while not [t for t in stream_commit_times(lake) if t > went]:
             backfill.check()
             assert time.monotonic() < deadline, "no stream commit beside the backfill in 900 s"
             time.sleep(1)
@@ -216,77 +182,29 @@ def test_history_backfilled_beside_the_running_stream_equals_the_contract(
     window = (went, max(e["t"] for e in again.events() if e["event"] == "pass"))
 
     # The rolling window folds the stream's days in (the deployment's sensor would ask).
-    messages = [_as_message(p) for p in produced]
+    messages = [as_message(p) for p in produced]
     newest = max(max(m.ingest_date for m in messages), last)
     resources = build_resources(str(landing), str(lakehouse), spark=spark_resource_for_tests())
     with DagsterInstance.ephemeral() as instance:
         run_backfill(all_assets, last.isoformat(), newest.isoformat(), resources, instance)
 
-    answer = compute_contract_answer(landing, last_date=newest, messages=messages)
-    held = offsets(lake, TOPIC)
-    expected = sorted((p.partition, p.offset) for p in produced)
-    commits = _stream_commit_times(lake)
+    result = converged(lake, landing, FIRST.date(), newest, TOPIC, produced, overlap)
+    commits = stream_commit_times(lake)
     inside = [t for t in commits if window[0] <= t <= window[1]]
     gaps = [b - a for a, b in zip([window[0], *inside], [*inside, window[1]], strict=True)]
-    staged = {r["order_id"]: r for r in lake.read("staging/orders").collect()}
-    differing = [
-        order_id
-        for order_id, want in answer.staging.items()
-        if (got := staged.get(order_id)) is None
-        or (got["status"], got["amount"], got["event_date"], got["customer_id"])
-        != (want.status, want.amount, want.event_date, want.customer_id)
-        or (got["ingest_date"], got["file_name"], got["line_number"])
-        != (want.ingest_date, want.file_name, want.line_number)
-    ]
-    raw = lake.read("raw/orders")
-    landing_rows = {
-        r["ingest_date"]: r["count"]
-        for r in raw.where("kafka_topic IS NULL").groupBy("ingest_date").count().collect()
-    }
-    rejects = lake.read("staging/orders_rejects").collect()
-    reconciliation = reconcile_marts(lake, landing, FIRST.date(), newest, messages)
-    overlap_ids = {m.key for m in overlap}
     stats = {
         "landing_days": cfg["days"],
-        "landing_lines": sum(answer.raw_line_counts.values()),
-        "messages": len(expected),
+        **result.figures,
         "messages_during_backfill": len(feed),
-        "offsets_missing": len(set(expected) - set(held)),
-        "offsets_duplicated": len(held) - len(set(held)),
         "stream_commits_during_backfill": len(inside),
         "max_seconds_between_stream_commits": round(max(gaps), 1),
         "backfill_seconds": round(window[1] - window[0], 1),
         "backfill_killed_mid_pass_at_seconds": round(killed_at, 1),
         "backfill_runs_before_the_kill": sum(e["event"] == "run" for e in backfill.events()),
-        "orders_in_both_sources": len(overlap_ids),
-        "both_sources_won_by_message": sum(staged[i]["file_name"] is None for i in overlap_ids),
-        "staging_rows": len(staged),
-        "staging_expected": len(answer.staging),
-        "staging_differing": len(differing) + len(set(staged) - set(answer.staging)),
-        "marts_equal_contract": reconciliation.ok,
         "seconds": round(time.monotonic() - started, 1),
     }
     figures.update(stats)
     print(json.dumps(stats))
 
-    assert held == expected  # every offset once
-    assert landing_rows == answer.raw_line_counts  # every landing line, none lost
     assert inside, "the stream committed nothing while the backfill ran"
-    assert stats["staging_differing"] == 0, differing[:5]
-    # An order in both sources is one staging row; the export's line was the order's latest
-    # version, so the stream's copy of it won (a message beats a line on one ingest day),
-    # unless a later version came from the stream itself.
-    assert len(overlap_ids) == OVERLAP
-    assert all(staged[i]["file_name"] is None for i in overlap_ids)
-    assert sorted(
-        (r["ingest_date"], r["file_name"], r["line_number"], r["reason"])
-        for r in rejects
-        if r["kafka_topic"] is None
-    ) == sorted((r.ingest_date, r.file_name, r.line_number, r.reason) for r in answer.rejects)
-    assert sorted(
-        (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["reason"])
-        for r in rejects
-        if r["kafka_topic"] is not None
-    ) == sorted(answer.message_rejects)
-    assert fct_by_key(lake.read("marts/fct_daily_revenue").collect()) == expected_fct_by_key(answer)
-    assert reconciliation.ok, "\n".join(reconciliation.details)
+    result.check()
