@@ -153,7 +153,7 @@ E2E_WORKERS ?= $(TEST_WORKERS)
 E2E_ARGS ?=
 e2e: install e2e-deps s3-deps $(CDS)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \
-		-n $(E2E_WORKERS) --dist loadgroup -m "e2e and not hazard" \
+		-n $(E2E_WORKERS) --dist loadgroup --no-loadscope-reorder -m "e2e and not hazard" \
 		$(E2E_ARGS) backfill_platform_tests/e2e
 
 test-fast: install $(CDS)

@@ -20,22 +20,37 @@ import pytest
 from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform_tests.harness import Platform, spark_resource_for_tests
 
-# pytest-xdist hands out test files (`make e2e`: deployment groups) in collection order, two
-# per worker to start, then one as a worker frees up: the longest first, so no worker is
-# left running a long file alone at the end (longest-processing-time first). The order comes
-# from CI's --durations output (2026-11-26); files not named keep their place after these.
+# pytest-xdist hands out test files (`make e2e`: deployment groups) one per worker to
+# start, then one as a worker frees up. By default it orders them by their number of tests;
+# `make e2e` passes --no-loadscope-reorder so they go in this order instead, the longest
+# first (its groups mostly wait on services, so a long one started last would run alone).
+# `make test` and `make reliability` keep xdist's order: with this one `make test` took
+# 1,056 s instead of 975 s (2026-11-28, idle), the bench's own JVMs competing with
+# test_crm.py's from the start. Seconds per file from those runs and CI's --durations;
+# `test_cli_deployment.py` stands for the e2e files that share one deployment.
 LONGEST_FIRST = (
-    "test_ui_journey.py",
-    "test_service_faults.py",
-    "test_operations.py",
-    "test_crm.py",
-    "test_live_backfill.py",
-    "test_kill.py",
-    "test_correction_playbook.py",
-    "test_bench.py",
-    "test_platform.py",
-    "test_stream.py",
-    "test_checks.py",
+    "test_service_faults.py",  # reliability ~570 s
+    "test_cli_deployment.py",  # e2e shared deployment ~520 s
+    "test_ui_journey.py",  # e2e ~305 s
+    "test_stream_deployed_backfill.py",  # e2e ~280 s
+    "test_crm.py",  # 271 s
+    "test_live_backfill.py",  # reliability 261 s
+    "test_bench.py",  # 233 s
+    "test_operations.py",  # 215 s
+    "test_stream.py",  # 207 s
+    "test_object_storage.py",  # e2e ~200 s
+    "test_stream_kill.py",  # reliability ~180 s
+    "test_first_hour.py",  # 172 s
+    "test_kill.py",  # reliability ~150 s
+    "test_platform.py",  # 136 s
+    "test_correction_playbook.py",  # reliability 132 s
+    "test_checks.py",  # 124 s
+    "test_storage_faults.py",  # reliability ~120 s
+    "test_stream_backfill.py",  # reliability ~110 s
+    "test_automation.py",  # 109 s
+    "test_contract_answer.py",  # 107 s
+    "test_operator_input.py",  # 80 s
+    "test_hostile.py",  # reliability ~70 s
 )
 
 
