@@ -24,9 +24,11 @@ from backfill_platform.sources.generate import generate_landing
 from backfill_platform.sources.kafka_broker import kafka_broker
 from backfill_platform.sources.producer import Produced, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS, TABLE_NAMES
+from backfill_platform_tests.e2e.browser import chromium
 from backfill_platform_tests.e2e.conftest import ALL_ASSETS, BACKFILL_TIMEOUT, start_deployment
 from backfill_platform_tests.e2e.services import REPO_ROOT, cli_env, run_cli
 from backfill_platform_tests.e2e.tables import lakehouse_for
+from backfill_platform_tests.e2e.test_ui_browser import ARTIFACTS, open_page
 from backfill_platform_tests.reliability.stream_helpers import (
     as_message,
     converged,
@@ -105,8 +107,24 @@ def test_ui_backfill_beside_the_running_stream_converges_to_the_contract(tmp_pat
         wait_for_offsets(lake, TOPIC, len(produced), process)
         assert process.pid() is not None, "the stream stopped"
 
-        # The stream's days folded in by the CLI on the deployment (the rolling window's job).
         newest = max(last, *(as_message(p).ingest_date for p in produced))
+        # What a user sees: a day only the stream wrote, its runless materializations on
+        # the asset's page (screenshot in test-artifacts/), beside the backfill's days.
+        ARTIFACTS.mkdir(exist_ok=True)
+        with chromium() as driver:
+            open_page(
+                driver,
+                f"{dagster.url}/assets/raw/orders?view=events&partition={newest.isoformat()}",
+                ["stream batch", newest.isoformat()],
+            )
+            driver.save_screenshot(str(ARTIFACTS / "stream-day-events.png"))
+            # Every day materialized: the backfill's history and the stream's days after it.
+            days = (newest - FIRST).days + 1
+            partitions = f"{dagster.url}/assets/raw/orders?view=partitions"
+            open_page(driver, partitions, [f"Materialized ({days})"])
+            driver.save_screenshot(str(ARTIFACTS / "stream-partitions.png"))
+
+        # The stream's days folded in by the CLI on the deployment (the rolling window's job).
         folded, fold = run_cli(
             deployment, "backfill", "--select", everything, "--start", last.isoformat(),
             "--end", newest.isoformat(), "--reason", "e2e: fold the stream's days in",
