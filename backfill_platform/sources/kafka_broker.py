@@ -184,6 +184,8 @@ def start_broker(
         )
         if formatted.returncode != 0:
             raise BrokerError(f"formatting {data} failed: {formatted.stdout}{formatted.stderr}")
+    log = data / LOG_FILE
+    logged = log.stat().st_size if log.exists() else 0  # the log is appended start after start
     with open(data / "broker.out", "ab") as out:
         process = subprocess.Popen(
             [*java, "kafka.Kafka", str(config)],
@@ -195,7 +197,7 @@ def start_broker(
     (data / PID_FILE).write_text(str(process.pid))
     broker = KafkaBroker(f"127.0.0.1:{port}", data, None if detach else process)
     try:
-        _wait_ready(broker.bootstrap, process, data / LOG_FILE)
+        _wait_ready(broker.bootstrap, process, log, logged)
     except BrokerError:
         broker.process = process
         broker.stop(timeout=10)
@@ -243,16 +245,15 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             raise
 
 
-def _wait_ready(bootstrap: str, process: subprocess.Popen, log: Path) -> None:
+def _wait_ready(bootstrap: str, process: subprocess.Popen, log: Path, logged: int) -> None:
     """Until the broker accepts connections and lists itself in metadata, or it exits, or
     the timeout. The port is probed first: a client would log every refused connection."""
     host, _, port = bootstrap.rpartition(":")
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise BrokerError(
-                f"the broker exited ({process.returncode}): {_first_error(log)}; see its log"
-            )
+            cause = _first_error(log, logged)
+            raise BrokerError(f"the broker exited ({process.returncode}): {cause}; see its log")
         with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
             try:
                 if admin_client(bootstrap).list_topics(timeout=5).brokers:
@@ -263,10 +264,12 @@ def _wait_ready(bootstrap: str, process: subprocess.Popen, log: Path) -> None:
     raise BrokerError(f"the broker at {bootstrap} did not answer in {START_TIMEOUT_SECONDS} s")
 
 
-def _first_error(log: Path) -> str:
-    """The log's first ERROR line (e.g. a port in use), so the refusal names the cause."""
-    with contextlib.suppress(OSError):
-        for line in log.read_text(errors="replace").splitlines():
+def _first_error(log: Path, logged: int) -> str:
+    """This start's first ERROR line in the log (e.g. a port in use), so the refusal names
+    the cause; `logged` is the log's size before the start."""
+    with contextlib.suppress(OSError), open(log, "rb") as text:
+        text.seek(logged)
+        for line in text.read().decode(errors="replace").splitlines():
             if "] ERROR " in line or "] FATAL " in line:
                 return line.split("] ", 1)[1][:300]
     return "no ERROR line in its log"
