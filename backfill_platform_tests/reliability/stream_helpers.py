@@ -83,32 +83,23 @@ def stream_commit_times(lake: LakehouseResource) -> list[float]:
 
 @dataclass
 class Converged:
-    """The tables after both writers, against the contract's answer over landing + messages."""
+    """The tables after both writers, against the contract's answer over landing + messages:
+    `pairs` holds (in the tables, the answer) per figure that must be equal."""
 
     figures: dict
-    held: list[tuple[int, int]]
-    expected: list[tuple[int, int]]
-    landing_rows: dict
-    landing_expected: dict
+    pairs: dict[str, tuple]
     differing: list[str]
-    overlap_won_by_message: bool
-    rejects: tuple[list, list]
-    message_rejects: tuple[list, list]
-    fct: tuple[dict, dict]
     reconciliation: object
 
     def check(self) -> None:
-        assert self.held == self.expected  # every offset once
-        assert self.landing_rows == self.landing_expected  # every landing line, none lost
+        for name, (got, want) in self.pairs.items():
+            assert got == want, name  # every offset once, every landing line, ...
         assert self.figures["staging_differing"] == 0, self.differing[:5]
         # An order in both sources is one staging row; the export's line was the order's
         # latest version, so the stream's copy of it won (a message beats a line on one
         # ingest day), unless a later version came from the stream itself.
         assert self.figures["orders_in_both_sources"] == OVERLAP
-        assert self.overlap_won_by_message
-        assert self.rejects[0] == self.rejects[1]
-        assert self.message_rejects[0] == self.message_rejects[1]
-        assert self.fct[0] == self.fct[1]
+        assert self.figures["both_sources_won_by_message"] == OVERLAP
         assert self.reconciliation.ok, "\n".join(self.reconciliation.details)
 
 
@@ -150,31 +141,32 @@ def converged(lake, landing, first, newest, topic: str, produced: list[Produced]
             "staging_differing": len(differing) + len(set(staged) - set(answer.staging)),
             "marts_equal_contract": reconciliation.ok,
         },
-        held=held,
-        expected=expected,
-        landing_rows=landing_rows,
-        landing_expected=answer.raw_line_counts,
+        pairs={
+            "offsets in raw, each once": (held, expected),
+            "landing lines in raw per ingest day": (landing_rows, answer.raw_line_counts),
+            "landing rejects": (
+                sorted(
+                    (r["ingest_date"], r["file_name"], r["line_number"], r["reason"])
+                    for r in rejects
+                    if r["kafka_topic"] is None
+                ),
+                sorted(
+                    (r.ingest_date, r.file_name, r.line_number, r.reason) for r in answer.rejects
+                ),
+            ),
+            "message rejects": (
+                sorted(
+                    (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["reason"])
+                    for r in rejects
+                    if r["kafka_topic"] is not None
+                ),
+                sorted(answer.message_rejects),
+            ),
+            "fct_daily_revenue": (
+                fct_by_key(lake.read("marts/fct_daily_revenue").collect()),
+                expected_fct_by_key(answer),
+            ),
+        },
         differing=differing,
-        overlap_won_by_message=len(won) == len(overlap_ids),
-        rejects=(
-            sorted(
-                (r["ingest_date"], r["file_name"], r["line_number"], r["reason"])
-                for r in rejects
-                if r["kafka_topic"] is None
-            ),
-            sorted((r.ingest_date, r.file_name, r.line_number, r.reason) for r in answer.rejects),
-        ),
-        message_rejects=(
-            sorted(
-                (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["reason"])
-                for r in rejects
-                if r["kafka_topic"] is not None
-            ),
-            sorted(answer.message_rejects),
-        ),
-        fct=(
-            fct_by_key(lake.read("marts/fct_daily_revenue").collect()),
-            expected_fct_by_key(answer),
-        ),
         reconciliation=reconciliation,
     )
