@@ -378,7 +378,7 @@ class LakehouseResource(ConfigurableResource):
                     ) from error
                 return self._find_commit(key, token)
 
-        return self._retrying_conflicts(name, f"[{start}, {end})", attempt)
+        return self._retrying_conflicts(name, f"[{start}, {end})", attempt, metadata)
 
     def adopt_range(
         self,
@@ -539,7 +539,7 @@ class LakehouseResource(ConfigurableResource):
                 writer.save(self.table_path(key))
                 return self._find_commit(key, token, missing_ok=True)
 
-        return self._retrying_conflicts(name, f"append {app_id}@{app_version}", attempt)
+        return self._retrying_conflicts(name, f"append {app_id}@{app_version}", attempt, metadata)
 
     def replace_messages(
         self,
@@ -577,7 +577,9 @@ class LakehouseResource(ConfigurableResource):
                 writer.save(self.table_path(key))
                 return self._find_commit(key, token)
 
-        return self._retrying_conflicts(name, f"replay p{partition} [{first}, {end})", attempt)
+        return self._retrying_conflicts(
+            name, f"replay p{partition} [{first}, {end})", attempt, metadata
+        )
 
     def overwrite(
         self, key: AssetKey | str, df: DataFrame, user_metadata: Mapping[str, Any]
@@ -590,7 +592,10 @@ class LakehouseResource(ConfigurableResource):
         name = _name(key)
         metadata = {**user_metadata, "table": name, "write_mode": mode}
         return self._retrying_conflicts(
-            name, mode, lambda: self._write_once(key, df, mode, partition_column, metadata)
+            name,
+            mode,
+            lambda: self._write_once(key, df, mode, partition_column, metadata),
+            metadata,
         )
 
     def _write_once(self, key, df, mode, partition_column, metadata) -> int | None:
@@ -627,13 +632,21 @@ class LakehouseResource(ConfigurableResource):
             return False
         return self.read(key).where(f"{in_range} AND NOT ({owned})").isEmpty()
 
-    def _retrying_conflicts(self, name: str, what: str, write: Callable[[], _T]) -> _T:
+    def _retrying_conflicts(
+        self, name: str, what: str, write: Callable[[], _T], metadata: dict[str, Any]
+    ) -> _T:
         """Run `write` again when a concurrent writer committed first and Delta found the two
         in conflict (overlapping partitions on an object-store root, where no lock orders
         writers). A replace is idempotent, so the retry leaves the table as if it ran last;
         after `CONFLICT_ATTEMPTS` the write fails, naming the table, having committed nothing.
+
+        The commit that wins records the conflicts it lost first (`conflicts_retried` in its
+        commit metadata, which `write` serializes on each attempt), so the table's history
+        counts every conflict seen and retried, whichever process saw it.
         """
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            if attempt > 1:
+                metadata[CONFLICTS_RETRIED] = attempt - 1
             try:
                 return write()
             except CONCURRENT_WRITE_CONFLICTS as error:
@@ -946,6 +959,8 @@ LOG = logging.getLogger(__name__)
 _OUT_OF_RANGE = "row outside the partition range"
 # Attempts of a write that conflicts with concurrent writers (object-store roots).
 CONFLICT_ATTEMPTS = 5
+# The commit metadata key for the conflicts a commit lost before it won.
+CONFLICTS_RETRIED = "conflicts_retried"
 # Delta's Python exceptions for a lost optimistic-concurrency race: siblings, not subclasses
 # of DeltaConcurrentModificationException (delta.exceptions.base).
 CONCURRENT_WRITE_CONFLICTS = (

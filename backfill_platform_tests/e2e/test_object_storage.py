@@ -23,6 +23,7 @@ from dagster import DagsterInstance
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reconcile import fingerprints, reconcile_marts
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.resources.lakehouse import CONFLICT_ATTEMPTS, CONFLICTS_RETRIED
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import backfill
 from backfill_platform.tables import TABLE_NAMES
@@ -112,6 +113,9 @@ def outcome(spark, root: str, reports: list[dict]) -> dict:
         },
         "failures": [f for r in reports for f in r["failures"]],
         "platform_retries": sum(r["retries"] for r in reports),
+        # The same retries as each winning commit recorded them (a write that gave up
+        # committed nothing, so its retries are in the writers' counts alone).
+        "retries_in_history": sum(h["metadata"].get(CONFLICTS_RETRIED, 0) for h in history),
     }
 
 
@@ -133,6 +137,7 @@ def test_four_writers_on_disjoint_days_lose_no_commit(s3, spark, tmp_path):
     assert result["versions"] == 24, result
     # The writers did collide: commits landed past versions another writer had taken.
     assert result["commits_past_a_conflict"] + result["platform_retries"] > 0, result
+    assert result["retries_in_history"] == result["platform_retries"], result
     assert result["rows"] == 24 * ROWS_PER_DAY, result
     owner = {d: w for w, ds in plan.items() for d in ds}
     assert {d: w for d, (w, _) in result["rows_by_day"].items()} == owner
@@ -154,6 +159,8 @@ def test_two_writers_of_the_same_days_leave_one_winner_per_day(s3, spark, tmp_pa
     assert all(count == ROWS_PER_DAY for _, count in result["rows_by_day"].values()), result
     assert result["versions"] == result["reported_commits"], result
     assert result["reported_commits"] + len(result["failures"]) == 12, result
+    gave_up = len(result["failures"]) * (CONFLICT_ATTEMPTS - 1)
+    assert result["retries_in_history"] + gave_up == result["platform_retries"], result
     for failure in result["failures"]:
         assert "conflicted with concurrent writers" in failure["error"], failure
         assert "committed nothing" in failure["error"], failure
