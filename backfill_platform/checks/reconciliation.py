@@ -129,37 +129,45 @@ def staging_accounts_for_raw(
     (latest wins), plus the versions each one superseded (`raw_versions` - 1 per order:
     duplicates and older updates), plus D's rows rejected for an unknown currency. Lines
     rejected at parsing carry no event day; the `rejects_match_raw` check counts them by
-    ingest day. In the run that built staging, raw is read at the version staging read
-    (recorded on its commit): the live stream appends to raw while a backfill runs, and its
-    new rows are the next window run's, not this run's failure. A check run on its own
-    reads the current tables, so a raw row that arrived after staging was built makes it
-    fail until staging is rebuilt, which is what "staging does not account for raw" means.
+    ingest day. In the run that built staging, the check proves that run's commit against
+    what it read: staging at the version the run committed, raw at the version it read
+    (recorded on the commit). The live stream appends to raw, and with
+    BACKFILL_STREAM_STAGING replaces staging's days, while a backfill runs; what it wrote
+    after the run read or committed is the stream's (or the next window run's), not this
+    run's failure. A check run on its own reads the current tables, so a raw row that
+    arrived after staging was built makes it fail until staging is rebuilt, which is what
+    "staging does not account for raw" means.
     """
     run = run_partitions(context)
-    raw_version = version_read(
+    staging_version, raw_version = versions_of_run(
         lakehouse, STAGING_ORDERS, context.op_execution_context.run_id, RAW_ORDERS
     )
-    outcome, metrics = staging_vs_raw(lakehouse, run, raw_version)
+    outcome, metrics = staging_vs_raw(lakehouse, run, raw_version, staging_version)
     log_partition_metrics(context, STAGING_ORDERS, metrics)
     yield from record(context, outcome, metrics=metrics)
 
 
-def version_read(
+def versions_of_run(
     lakehouse: LakehouseResource, key: AssetKey, run_id: str, source: AssetKey
-) -> int | None:
-    """The version of `source` that run `run_id`'s write of `key` was computed from (the
-    commit's READ_VERSIONS); None when the run did not write `key` (read the current one)."""
+) -> tuple[int | None, int | None]:
+    """The version run `run_id` committed of `key`, and the version of `source` that write
+    was computed from (the commit's READ_VERSIONS); (None, None) when the run did not write
+    `key` (read the current ones)."""
     commit = run_commit(lakehouse.history(key, limit=100), run_id)
     if commit is None:
-        return None
-    return json.loads(commit["metadata"].get(READ_VERSIONS) or "{}").get(source.to_user_string())
+        return None, None
+    read = json.loads(commit["metadata"].get(READ_VERSIONS) or "{}").get(source.to_user_string())
+    return commit["version"], read
 
 
 def staging_vs_raw(
-    lakehouse: LakehouseResource, run: DayRange, raw_version: int | None = None
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    raw_version: int | None = None,
+    staging_version: int | None = None,
 ) -> Equation:
-    """The equation of `staging_accounts_for_raw` over `run`'s partitions, against raw at
-    `raw_version` (None: the current version)."""
+    """The equation of `staging_accounts_for_raw` over `run`'s partitions, raw at
+    `raw_version` and staging at `staging_version` (None: the current versions)."""
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
         lakehouse.read(RAW_ORDERS, raw_version).where(in_range & F.col("reject_reason").isNull()),
@@ -176,7 +184,7 @@ def staging_vs_raw(
     }
     staged = {
         r["event_date"].isoformat(): r
-        for r in lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end, staging_version)
         .groupBy("event_date")
         .agg(
             F.count(F.lit(1)).alias("orders"),
@@ -222,19 +230,26 @@ def rejects_match_raw(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> CheckEvents:
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
-    raw read at the version the run's staging write read (see `staging_accounts_for_raw`)."""
-    raw_version = version_read(
+    in the run that wrote the rejects at the versions it committed and read (see
+    `staging_accounts_for_raw`)."""
+    rejects_version, raw_version = versions_of_run(
         lakehouse, STAGING_REJECTS, context.op_execution_context.run_id, RAW_ORDERS
     )
-    outcome, metrics = rejects_vs_raw(lakehouse, run_partitions(context), raw_version)
+    outcome, metrics = rejects_vs_raw(
+        lakehouse, run_partitions(context), raw_version, rejects_version
+    )
     log_partition_metrics(context, STAGING_REJECTS, metrics)
     yield from record(context, outcome, metrics=metrics)
 
 
 def rejects_vs_raw(
-    lakehouse: LakehouseResource, run: DayRange, raw_version: int | None = None
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    raw_version: int | None = None,
+    rejects_version: int | None = None,
 ) -> Equation:
-    """The equation of `rejects_match_raw` over `run`'s partitions (raw at `raw_version`)."""
+    """The equation of `rejects_match_raw` over `run`'s partitions (raw at `raw_version`,
+    the rejects at `rejects_version`; None: the current versions)."""
     raw = with_unknown_currency(
         lakehouse.read_partitions(RAW_ORDERS, run.start, run.end, raw_version),
         known_currencies(lakehouse),
@@ -248,7 +263,7 @@ def rejects_vs_raw(
     }
     actual = {
         r["ingest_date"].isoformat(): r["n"]
-        for r in lakehouse.read_partitions(STAGING_REJECTS, run.start, run.end)
+        for r in lakehouse.read_partitions(STAGING_REJECTS, run.start, run.end, rejects_version)
         .groupBy("ingest_date")
         .agg(F.count(F.lit(1)).alias("n"))
         .collect()
