@@ -160,9 +160,10 @@ test-fast: install $(CDS)
 	$(PY) -m pytest -q -m "not slow and not reliability and not e2e" backfill_platform_tests
 
 # Killed runs, concurrent writers, live + backfill, hostile input, properties, faults of the
-# real services (daemon, run worker, PostgreSQL); prints the figures and writes them to
-# test-artifacts/reliability/ (see docs/reliability.md).
-reliability: install reliability-deps $(CDS)
+# real services (daemon, run worker, PostgreSQL), the stream beside a backfill on S3
+# (versitygw); prints the figures and writes them to test-artifacts/reliability/ (see
+# docs/reliability.md).
+reliability: install reliability-deps s3-deps $(CDS)
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
 		-n $(TEST_WORKERS) --dist loadfile -m reliability backfill_platform_tests/reliability

@@ -7,7 +7,6 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -15,6 +14,8 @@ from backfill_platform.operations.stream import STREAM_WRITER
 from backfill_platform.reconcile import expected_fct_by_key, fct_by_key, reconcile_marts
 from backfill_platform.reference import StreamMessage, compute_contract_answer
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.lakehouse import CONFLICTS_RETRIED
+from backfill_platform.resources.storage import hadoop_fs
 from backfill_platform.sources.producer import Message, Produced
 
 OVERLAP = 5  # landing lines of the launch day that the stream also carries
@@ -24,8 +25,9 @@ def offsets(lake: LakehouseResource, topic: str) -> list[tuple[int, int]]:
     """(partition, offset) of every row of `topic` in raw/orders, sorted, copies kept."""
     # Asked of the file system: this JVM's Delta would keep taking the path for no table
     # once it found none there; a read of a table with a first commit looks for new ones.
-    first_commit = Path(lake.table_path("raw/orders")) / "_delta_log" / f"{0:020d}.json"
-    if not first_commit.is_file():
+    first_commit = f"{lake.table_path('raw/orders')}/_delta_log/{0:020d}.json"
+    filesystem, path = hadoop_fs(lake.session, first_commit)
+    if not filesystem.exists(path):
         return []
     rows = lake.read("raw/orders").where(F.col("kafka_topic") == topic)
     return sorted((r[0], r[1]) for r in rows.select("kafka_partition", "kafka_offset").collect())
@@ -79,6 +81,25 @@ def stream_commit_times(lake: LakehouseResource) -> list[float]:
         for c in lake.history("raw/orders")
         if c["metadata"].get("writer") == STREAM_WRITER
     )
+
+
+def concurrency(lake: LakehouseResource, tables) -> dict[str, dict[str, int]]:
+    """Per table, from its history: `concurrent` commits (committed past a version another
+    writer took after this one read: Delta found the two compatible, e.g. a blind append
+    beside a replace of other rows) and `conflicts_retried` (lost to another writer's
+    commit, run again and won: recorded by each winning commit, whichever process made it).
+    """
+    counts = {}
+    for table in tables:
+        history = lake.history(table)
+        counts[table] = {
+            "concurrent": sum(
+                c["read_version"] is not None and c["version"] > c["read_version"] + 1
+                for c in history
+            ),
+            "conflicts_retried": sum(c["metadata"].get(CONFLICTS_RETRIED, 0) for c in history),
+        }
+    return counts
 
 
 @dataclass

@@ -39,12 +39,18 @@ DATE_COLUMNS = {
 
 
 def worker_spark() -> SparkSessionResource:
-    """One core and a small heap: several of these run at once next to the test's own JVM."""
+    """One core and a small heap: several of these run at once next to the test's own JVM.
+    An object store's settings come from the environment, as a deployment's do."""
+    env = os.environ.get
     return SparkSessionResource(
         master="local[1]",
         shuffle_partitions=1,
         driver_memory="1g",
         extra_conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"},
+        s3_endpoint=env("BACKFILL_S3_ENDPOINT", ""),
+        s3_path_style=env("BACKFILL_S3_PATH_STYLE", "false") == "true",
+        s3_access_key_id=env("BACKFILL_S3_ACCESS_KEY_ID", ""),
+        s3_secret_access_key=env("BACKFILL_S3_SECRET_ACCESS_KEY", ""),
     )
 
 
