@@ -13,12 +13,26 @@ from pyspark.sql import DataFrame
 
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.resources import SparkSessionResource
+from backfill_platform.resources.lakehouse import CONFLICTS_RETRIED
 from backfill_platform.runner import backfill, materialize_range
 from backfill_platform.tables import TABLE_NAMES
 
 
 def spark_resource_for_tests() -> SparkSessionResource:
     return SparkSessionResource(master="local[2]", shuffle_partitions=2, driver_memory="2g")
+
+
+def contest(history: list[dict]) -> dict[str, int]:
+    """Two writers' contest over one table, from its history (`LakehouseResource.history`):
+    `concurrent` commits (committed past a version another writer took after this one
+    read, and Delta found the two compatible) and `conflicts_retried` (lost to another
+    writer's commit, run again and won: recorded by each winning commit)."""
+    return {
+        "concurrent": sum(
+            c["read_version"] is not None and c["version"] > c["read_version"] + 1 for c in history
+        ),
+        "conflicts_retried": sum(c["metadata"].get(CONFLICTS_RETRIED, 0) for c in history),
+    }
 
 
 def order_line(

@@ -23,7 +23,7 @@ from dagster import DagsterInstance
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.reconcile import fingerprints, reconcile_marts
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
-from backfill_platform.resources.lakehouse import CONFLICT_ATTEMPTS, CONFLICTS_RETRIED
+from backfill_platform.resources.lakehouse import CONFLICT_ATTEMPTS
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import backfill
 from backfill_platform.tables import TABLE_NAMES
@@ -31,7 +31,7 @@ from backfill_platform_tests.e2e.conftest import FIRST_DAY, LAST_DAY, generated_
 from backfill_platform_tests.e2e.object_store import S3Server
 from backfill_platform_tests.e2e.s3_writer import ROWS_PER_DAY
 from backfill_platform_tests.e2e.services import REPO_ROOT
-from backfill_platform_tests.harness import spark_resource_for_tests
+from backfill_platform_tests.harness import contest, spark_resource_for_tests
 from backfill_platform_tests.test_operations import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -97,13 +97,12 @@ def outcome(spark, root: str, reports: list[dict]) -> dict:
     # Delta reported these committed, and the platform's after-write check did not find them.
     lost_on_verify = [x for r in reports for x in r["lost"]]
     rows = lake.read("raw/race").groupBy("day", "writer").count().collect()
+    writers = contest(history)
     return {
         "versions": len(history),
         # Commits Delta placed after a version someone else took first (it read version
         # `read_version` and committed later than the next one): the race happened.
-        "commits_past_a_conflict": sum(
-            h["read_version"] is not None and h["version"] > h["read_version"] + 1 for h in history
-        ),
+        "commits_past_a_conflict": writers["concurrent"],
         "reported_commits": len(reported),
         "lost_commits": len([t for t in reported if t not in kept]) + len(lost_on_verify),
         "lost_on_verify": len(lost_on_verify),
@@ -115,7 +114,7 @@ def outcome(spark, root: str, reports: list[dict]) -> dict:
         "platform_retries": sum(r["retries"] for r in reports),
         # The same retries as each winning commit recorded them (a write that gave up
         # committed nothing, so its retries are in the writers' counts alone).
-        "retries_in_history": sum(h["metadata"].get(CONFLICTS_RETRIED, 0) for h in history),
+        "retries_in_history": writers["conflicts_retried"],
     }
 
 

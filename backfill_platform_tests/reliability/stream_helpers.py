@@ -14,9 +14,9 @@ from backfill_platform.operations.stream import STREAM_WRITER
 from backfill_platform.reconcile import expected_fct_by_key, fct_by_key, reconcile_marts
 from backfill_platform.reference import StreamMessage, compute_contract_answer
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.lakehouse import CONFLICTS_RETRIED
 from backfill_platform.resources.storage import hadoop_fs
 from backfill_platform.sources.producer import Message, Produced
+from backfill_platform_tests.harness import contest
 
 OVERLAP = 5  # landing lines of the launch day that the stream also carries
 
@@ -84,22 +84,8 @@ def stream_commit_times(lake: LakehouseResource) -> list[float]:
 
 
 def concurrency(lake: LakehouseResource, tables) -> dict[str, dict[str, int]]:
-    """Per table, from its history: `concurrent` commits (committed past a version another
-    writer took after this one read: Delta found the two compatible, e.g. a blind append
-    beside a replace of other rows) and `conflicts_retried` (lost to another writer's
-    commit, run again and won: recorded by each winning commit, whichever process made it).
-    """
-    counts = {}
-    for table in tables:
-        history = lake.history(table)
-        counts[table] = {
-            "concurrent": sum(
-                c["read_version"] is not None and c["version"] > c["read_version"] + 1
-                for c in history
-            ),
-            "conflicts_retried": sum(c["metadata"].get(CONFLICTS_RETRIED, 0) for c in history),
-        }
-    return counts
+    """Per table, its writers' contest (`harness.contest`)."""
+    return {table: contest(lake.history(table)) for table in tables}
 
 
 @dataclass

@@ -27,6 +27,15 @@ from backfill_platform.checks import all_checks
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.runner import BackfillFailed, backfill, materialize_range
+from backfill_platform.settings import (
+    S3_ACCESS_KEY_ID,
+    S3_ENDPOINT,
+    S3_PATH_STYLE,
+    S3_SECRET_ACCESS_KEY,
+    bool_setting,
+    secret_setting,
+    setting,
+)
 
 DATE_COLUMNS = {
     "raw/orders": "ingest_date",
@@ -41,16 +50,15 @@ DATE_COLUMNS = {
 def worker_spark() -> SparkSessionResource:
     """One core and a small heap: several of these run at once next to the test's own JVM.
     An object store's settings come from the environment, as a deployment's do."""
-    env = os.environ.get
     return SparkSessionResource(
         master="local[1]",
         shuffle_partitions=1,
         driver_memory="1g",
         extra_conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"},
-        s3_endpoint=env("BACKFILL_S3_ENDPOINT", ""),
-        s3_path_style=env("BACKFILL_S3_PATH_STYLE", "false") == "true",
-        s3_access_key_id=env("BACKFILL_S3_ACCESS_KEY_ID", ""),
-        s3_secret_access_key=env("BACKFILL_S3_SECRET_ACCESS_KEY", ""),
+        s3_endpoint=setting(S3_ENDPOINT),
+        s3_path_style=bool_setting(S3_PATH_STYLE),
+        s3_access_key_id=secret_setting(S3_ACCESS_KEY_ID),
+        s3_secret_access_key=secret_setting(S3_SECRET_ACCESS_KEY),
     )
 
 
