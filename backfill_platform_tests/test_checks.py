@@ -381,6 +381,38 @@ def test_drift_names_the_rewritten_day_that_changed_and_passes_the_identical_one
     assert "sum:revenue_usd 100.0%" in evaluation.description
     assert evaluation.of(DAYS[2]).metadata["rewritten_partitions"].value == 2
 
+    # A run's own commit: rebuilding the two days from staging halves DAYS[2] back (both
+    # versions profiled in one job), and a day the table lacked has no earlier rows (its
+    # replace removed no file, so nothing is read).
+    last, after = date.fromisoformat(DAYS[5]), date.fromisoformat(DAYS[5]) + timedelta(days=1)
+    lake.replace_range(
+        FCT_DAILY_REVENUE,
+        lake.read_range(FCT_DAILY_REVENUE, "event_date", last, after).limit(0),
+        "event_date",
+        last,
+        after,
+        {},
+    )
+    assert lake.read_range(FCT_DAILY_REVENUE, "event_date", last, after).count() == 0
+    rebuilt = {}
+    for first, final in ((DAYS[1], DAYS[2]), (DAYS[5], DAYS[5])):
+        run = materialize_range(
+            ASSETS_AND_CHECKS,
+            first,
+            final,
+            copy.resources,
+            copy.instance,
+            selection=AssetSelection.assets(FCT_DAILY_REVENUE).without_checks()
+            | AssetSelection.checks(*_definitions_of([check])),
+        )
+        rebuilt[first] = _evaluations(run)[check]
+    halved, new_day = rebuilt[DAYS[1]], rebuilt[DAYS[5]]
+    assert _failed(halved) == [DAYS[2]] and "sum:revenue_usd 50.0%" in halved.description
+    assert halved.of(DAYS[1]).metadata["rewritten_partitions"].value == 2
+    assert new_day.passed and "no earlier rows" in new_day.description
+    assert new_day.of(DAYS[5]).metadata["rewritten_partitions"].value == 0
+    assert lake.read_range(FCT_DAILY_REVENUE, "event_date", last, after).count() > 0
+
 
 # -- blocking -------------------------------------------------------------------------------
 @pytest.mark.slow
