@@ -23,6 +23,7 @@ from backfill_platform.checks.results import (
     PartitionResult,
     record,
     run_partitions,
+    written_by_run,
 )
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
@@ -39,21 +40,14 @@ def run_commit(history: list[dict], run_id: str) -> dict | None:
     return next((c for c in history if c["metadata"].get("dagster_run_id") == run_id), None)
 
 
-def commit_of_run(
-    lakehouse: LakehouseResource, key: AssetKey, run_id: str, run: DayRange
-) -> tuple[dict | None, bool]:
-    """The commit this run made (and True); for a check run on its own, the newest commit
-    that wrote any of the run's partitions (and False)."""
-    history = lakehouse.history(key, limit=100)
-    commit = run_commit(history, run_id)
-    if commit is not None:
-        return commit, True
-    for commit in history:
+def commit_of_run(lakehouse: LakehouseResource, key: AssetKey, run: DayRange) -> dict | None:
+    """For a check run on its own: the newest commit that wrote any of the run's partitions."""
+    for commit in lakehouse.history(key, limit=100):
         meta = commit["metadata"]
         start, end = meta.get("partition_start"), meta.get("partition_end")
         if start and end and start < run.end.isoformat() and end > run.start.isoformat():
-            return commit, False
-    return None, False
+            return commit
+    return None
 
 
 def _profile(df: DataFrame, by: list[str], key: str, measures: list[str]) -> list[dict]:
@@ -90,12 +84,6 @@ def profiles(
     for row in _profile(both, [column, tag], key, measures):
         found[row.pop(tag)][row[column].isoformat()] = row
     return found
-
-
-def replaced_nothing(commit: dict) -> bool:
-    """The commit's replace removed no file: the partitions it rewrote held no rows before
-    (a replace of a partitioned range removes the range's files whole)."""
-    return commit["metrics"].get("numRemovedFiles") == "0"
 
 
 def _relative(new: float, old: float) -> float:
@@ -137,12 +125,16 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
     def _drift(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> CheckEvents:
         run = run_partitions(context)
         threshold = float(setting(DRIFT_THRESHOLD))
-        commit, own = commit_of_run(lakehouse, key, context.op_execution_context.run_id, run)
-        version = commit["version"] if commit else None
+        written = written_by_run(context, key)
+        if written is not None and "delta_version" in written:
+            version, nothing_replaced = written["delta_version"], written["files_removed"] == 0
+        else:  # run on its own: the newest commit that wrote the run's days
+            commit = commit_of_run(lakehouse, key, run)
+            version, nothing_replaced = (commit["version"] if commit else None), False
         old_profile: dict[str, dict] = {}
         new_profile: dict[str, dict] = {}
         # The run's own replace that removed no file rewrote no earlier rows: nothing to read.
-        if version and not (own and replaced_nothing(commit)):
+        if version and not nothing_replaced:
             old_profile, new_profile = profiles(
                 lakehouse.read_partitions(key, run.start, run.end, version - 1),
                 lakehouse.read_partitions(key, run.start, run.end, version),

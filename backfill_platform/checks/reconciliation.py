@@ -20,6 +20,7 @@ from backfill_platform.checks.results import (
     log_partition_metrics,
     record,
     run_partitions,
+    written_by_run,
 )
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
@@ -139,12 +140,25 @@ def staging_accounts_for_raw(
     "staging does not account for raw" means.
     """
     run = run_partitions(context)
-    staging_version, raw_version = versions_of_run(
-        lakehouse, STAGING_ORDERS, context.op_execution_context.run_id, RAW_ORDERS
-    )
+    staging_version, raw_version = versions_written(context, lakehouse, STAGING_ORDERS, RAW_ORDERS)
     outcome, metrics = staging_vs_raw(lakehouse, run, raw_version, staging_version)
     log_partition_metrics(context, STAGING_ORDERS, metrics)
     yield from record(context, outcome, metrics=metrics)
+
+
+def versions_written(
+    context: AssetCheckExecutionContext,
+    lakehouse: LakehouseResource,
+    key: AssetKey,
+    source: AssetKey,
+) -> tuple[int | None, int | None]:
+    """`versions_of_run` for the check's own run, from the run's materialization of `key`
+    when it has one (no history read), else from the table's history."""
+    written = written_by_run(context, key)
+    if written is None or "delta_version" not in written:
+        return versions_of_run(lakehouse, key, context.op_execution_context.run_id, source)
+    read = json.loads(written.get(READ_VERSIONS) or "{}").get(source.to_user_string())
+    return written["delta_version"], read
 
 
 def versions_of_run(
@@ -232,9 +246,7 @@ def rejects_match_raw(
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
     in the run that wrote the rejects at the versions it committed and read (see
     `staging_accounts_for_raw`)."""
-    rejects_version, raw_version = versions_of_run(
-        lakehouse, STAGING_REJECTS, context.op_execution_context.run_id, RAW_ORDERS
-    )
+    rejects_version, raw_version = versions_written(context, lakehouse, STAGING_REJECTS, RAW_ORDERS)
     outcome, metrics = rejects_vs_raw(
         lakehouse, run_partitions(context), raw_version, rejects_version
     )

@@ -24,6 +24,7 @@ from dagster import (
     AssetKey,
     AssetObservation,
     AssetRecordsFilter,
+    DagsterEventType,
     DagsterInstance,
     Failure,
     Output,
@@ -184,6 +185,23 @@ def record(
             "(a ranged step cannot skip single days: fix the data and re-run the range). "
             + " | ".join(blocked)
         )
+
+
+def written_by_run(context: AssetCheckExecutionContext, key: AssetKey) -> dict[str, Any] | None:
+    """The metadata of this run's materialization of `key` (the IO manager's `delta_version`,
+    `files_removed`, the asset's `read_versions`), None when the run did not write `key`.
+
+    From the run's event log, one query, instead of the table's Delta history: a history
+    read is a Spark job, and each check of a run would pay one.
+    """
+    records = context.instance.get_records_for_run(
+        context.op_execution_context.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
+    ).records
+    for rec in records:
+        materialization = rec.asset_materialization
+        if materialization is not None and materialization.asset_key == key:
+            return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    return None
 
 
 def latest_materializations(
