@@ -154,7 +154,7 @@ def versions_written(
 ) -> tuple[int | None, int | None]:
     """`versions_of_run` for the check's own run, from the run's materialization of `key`
     when it has one (no history read), else from the table's history."""
-    written = written_by_run(context, key)
+    written = written_by_run(context, key, run_partitions(context).partition_keys()[0])
     if written is None or "delta_version" not in written:
         return versions_of_run(lakehouse, key, context.op_execution_context.run_id, source)
     read = json.loads(written.get(READ_VERSIONS) or "{}").get(source.to_user_string())

@@ -24,7 +24,6 @@ from dagster import (
     AssetKey,
     AssetObservation,
     AssetRecordsFilter,
-    DagsterEventType,
     DagsterInstance,
     Failure,
     Output,
@@ -187,20 +186,23 @@ def record(
         )
 
 
-def written_by_run(context: AssetCheckExecutionContext, key: AssetKey) -> dict[str, Any] | None:
+def written_by_run(
+    context: AssetCheckExecutionContext, key: AssetKey, partition: str
+) -> dict[str, Any] | None:
     """The metadata of this run's materialization of `key` (the IO manager's `delta_version`,
-    `files_removed`, the asset's `read_versions`), None when the run did not write `key`.
+    `files_removed`, the asset's `read_versions`; a ranged run writes the same on each of its
+    partitions), None when the run did not write `key`.
 
-    From the run's event log, one query, instead of the table's Delta history: a history
-    read is a Spark job, and each check of a run would pay one.
+    One query for the run's first partition in the event log, instead of the table's Delta
+    history: a history read is a Spark job, and each check of a run would pay one. The
+    newest few are read, not one: the stream reports its own runless materializations.
     """
-    records = context.instance.get_records_for_run(
-        context.op_execution_context.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
-    ).records
-    for rec in records:
-        materialization = rec.asset_materialization
-        if materialization is not None and materialization.asset_key == key:
-            return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    run_id = context.op_execution_context.run_id
+    page = AssetRecordsFilter(asset_key=key, asset_partitions=[partition])
+    for rec in context.instance.fetch_materializations(page, limit=10).records:
+        if rec.run_id == run_id and rec.asset_materialization is not None:
+            metadata = rec.asset_materialization.metadata
+            return {k: getattr(v, "value", v) for k, v in metadata.items()}
     return None
 
 
