@@ -494,6 +494,19 @@ def built_more_than_once(covered, runs) -> dict[tuple[str, str], list]:
     }
 
 
+def resume_from_failure(dagster: DagsterServices, backfill_id: str, backfills: list[str]) -> str:
+    """The operator's recovery: a new backfill of what failed (`reexecutePartitionBackfill`,
+    FROM_FAILURE), added to the trial's backfills so `settled` cleans it up."""
+    result = gql(
+        dagster,
+        REEXECUTE_BACKFILL,
+        {"params": {"parentRunId": backfill_id, "strategy": "FROM_FAILURE"}},
+    )["reexecutePartitionBackfill"]
+    assert result["__typename"] == "LaunchBackfillSuccess", result
+    backfills.append(result["backfillId"])
+    return result["backfillId"]
+
+
 def record(figures: dict, stack: Stack, trial: dict[str, Any]) -> None:
     """Add one trial to the suite's figures (totals printed, details in the JSON)."""
     figures.setdefault("details", []).append(trial)
@@ -682,14 +695,7 @@ def _worker_kill_round(stack: Stack, figures, round_no: int, scratch: Path, back
     )
     resumed_id = None
     if upstream_race:
-        result = gql(
-            dagster,
-            REEXECUTE_BACKFILL,
-            {"params": {"parentRunId": backfill_id, "strategy": "FROM_FAILURE"}},
-        )["reexecutePartitionBackfill"]
-        assert result["__typename"] == "LaunchBackfillSuccess", result
-        resumed_id = result["backfillId"]
-        backfills.append(resumed_id)
+        resumed_id = resume_from_failure(dagster, backfill_id, backfills)
         status = wait_backfill_done(stack, resumed_id)
         runs += backfill_runs(dagster, resumed_id)
     lake = stack.lake
@@ -881,14 +887,7 @@ def _postgres_round(
 
     resumed_id, resumed_status, resume_targets = None, None, {}
     if status["status"] != "COMPLETED_SUCCESS":
-        result = gql(
-            dagster,
-            REEXECUTE_BACKFILL,
-            {"params": {"parentRunId": backfill_id, "strategy": "FROM_FAILURE"}},
-        )["reexecutePartitionBackfill"]
-        assert result["__typename"] == "LaunchBackfillSuccess", result
-        resumed_id = result["backfillId"]
-        backfills.append(resumed_id)
+        resumed_id = resume_from_failure(dagster, backfill_id, backfills)
         watch.actions.append(f"reexecutePartitionBackfill FROM_FAILURE -> {resumed_id}")
         resumed_status = wait_backfill_done(stack, resumed_id, on_poll=watch)["status"]
         targets = gql(dagster, BACKFILL_TARGETS, {"backfillId": resumed_id})
