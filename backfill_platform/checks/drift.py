@@ -126,7 +126,7 @@ def drift_check(registered: Table) -> AssetChecksDefinition:
         run = run_partitions(context)
         threshold = float(setting(DRIFT_THRESHOLD))
         written = written_by_run(context, key, run.partition_keys()[0])
-        if written is not None and "delta_version" in written:
+        if written is not None:
             version, nothing_replaced = written["delta_version"], written["files_removed"] == 0
         else:  # run on its own: the newest commit that wrote the run's days
             commit = commit_of_run(lakehouse, key, run)

@@ -140,7 +140,9 @@ def staging_accounts_for_raw(
     "staging does not account for raw" means.
     """
     run = run_partitions(context)
-    staging_version, raw_version = versions_written(context, lakehouse, STAGING_ORDERS, RAW_ORDERS)
+    staging_version, raw_version = versions_written(
+        context, lakehouse, STAGING_ORDERS, RAW_ORDERS, run
+    )
     outcome, metrics = staging_vs_raw(lakehouse, run, raw_version, staging_version)
     log_partition_metrics(context, STAGING_ORDERS, metrics)
     yield from record(context, outcome, metrics=metrics)
@@ -151,11 +153,12 @@ def versions_written(
     lakehouse: LakehouseResource,
     key: AssetKey,
     source: AssetKey,
+    run: DayRange,
 ) -> tuple[int | None, int | None]:
     """`versions_of_run` for the check's own run, from the run's materialization of `key`
     when it has one (no history read), else from the table's history."""
-    written = written_by_run(context, key, run_partitions(context).partition_keys()[0])
-    if written is None or "delta_version" not in written:
+    written = written_by_run(context, key, run.partition_keys()[0])
+    if written is None:
         return versions_of_run(lakehouse, key, context.op_execution_context.run_id, source)
     read = json.loads(written.get(READ_VERSIONS) or "{}").get(source.to_user_string())
     return written["delta_version"], read
@@ -246,10 +249,11 @@ def rejects_match_raw(
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
     in the run that wrote the rejects at the versions it committed and read (see
     `staging_accounts_for_raw`)."""
-    rejects_version, raw_version = versions_written(context, lakehouse, STAGING_REJECTS, RAW_ORDERS)
-    outcome, metrics = rejects_vs_raw(
-        lakehouse, run_partitions(context), raw_version, rejects_version
+    run = run_partitions(context)
+    rejects_version, raw_version = versions_written(
+        context, lakehouse, STAGING_REJECTS, RAW_ORDERS, run
     )
+    outcome, metrics = rejects_vs_raw(lakehouse, run, raw_version, rejects_version)
     log_partition_metrics(context, STAGING_REJECTS, metrics)
     yield from record(context, outcome, metrics=metrics)
 

@@ -191,7 +191,7 @@ def written_by_run(
 ) -> dict[str, Any] | None:
     """The metadata of this run's materialization of `key` (the IO manager's `delta_version`,
     `files_removed`, the asset's `read_versions`; a ranged run writes the same on each of its
-    partitions), None when the run did not write `key`.
+    partitions), None when the run did not write `key` through the IO manager.
 
     One query for the run's first partition in the event log, instead of the table's Delta
     history: a history read is a Spark job, and each check of a run would pay one. The
@@ -202,7 +202,8 @@ def written_by_run(
     for rec in context.instance.fetch_materializations(page, limit=10).records:
         if rec.run_id == run_id and rec.asset_materialization is not None:
             metadata = rec.asset_materialization.metadata
-            return {k: getattr(v, "value", v) for k, v in metadata.items()}
+            if "delta_version" in metadata:
+                return {k: getattr(v, "value", v) for k, v in metadata.items()}
     return None
 
 
