@@ -46,15 +46,28 @@ def test_settings() -> list[tuple[str, str]]:
 # keeps C2: one two-minute test there took 172 s with C1 alone against 122-135 s.
 SPAWNED_JIT = "-XX:TieredStopAtLevel=1"
 
+# A test process's own JVM keeps C2 but compiles only what stays hot: Spark's and Delta's
+# driver code is vast and each path runs a few hundred times in a session, and C2 spent
+# about 40 % of that JVM's CPU in its first five minutes (`jcmd PerfCounter.print`,
+# java.ci.totalTime). With thresholds scaled by 4 and the parallel collector (no concurrent
+# G1 threads; the other test worker keeps both cores busy anyway), test_crm.py and
+# test_platform.py on 2 workers took 540 and 580 CPU-s against 645 to 745 with the defaults
+# (wall 304 and 322 s against 347 to 396 s); either flag alone gained less, C1 alone cost
+# more (746 CPU-s). docs/reliability.md, "CI time".
+TEST_PROCESS_JVM = "-XX:CompileThresholdScaling=4 -XX:+UseParallelGC"
+
 
 def submit_args(java_options: str | None = None, spawned: bool = False) -> str:
-    """`PYSPARK_SUBMIT_ARGS`: the test settings, and the archive when there is one;
-    `spawned`: for the short-lived JVMs a test starts (`SPAWNED_JIT`)."""
+    """`PYSPARK_SUBMIT_ARGS`: the test settings, the archive when there is one and the JIT
+    settings of a test process's JVM (`TEST_PROCESS_JVM`), or with `spawned` those of the
+    short-lived JVMs a test starts (`SPAWNED_JIT`); `java_options` replaces the archive and
+    the test process's settings."""
     args = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in test_settings()]
-    if java_options is None and ARCHIVE.exists():
-        java_options = f"-XX:SharedArchiveFile={ARCHIVE} -Xlog:disable"
-    if spawned:
-        java_options = f"{java_options or ''} {SPAWNED_JIT}".strip()
+    if java_options is None:
+        archive = f"-XX:SharedArchiveFile={ARCHIVE} -Xlog:disable" if ARCHIVE.exists() else ""
+        java_options = f"{archive} {SPAWNED_JIT if spawned else TEST_PROCESS_JVM}".strip()
+    elif spawned:
+        java_options = f"{java_options} {SPAWNED_JIT}"
     if java_options:
         args.append(f"--driver-java-options {shlex.quote(java_options)}")
     return " ".join([*args, "pyspark-shell"])
