@@ -41,6 +41,7 @@ from dagster import DagsterInstance
 from pyspark.sql import functions as F
 
 from backfill_platform.definitions import all_assets, build_resources
+from backfill_platform.deployment import REEXECUTE
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import reconcile_marts
@@ -119,17 +120,6 @@ query RunEvents($runId: ID!) {
       }
     }
     ... on PythonError { message }
-  }
-}
-"""
-
-REEXECUTE_BACKFILL = """
-mutation Resume($params: ReexecutionParams!) {
-  reexecutePartitionBackfill(reexecutionParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message }
-    ... on Error { message }
   }
 }
 """
@@ -496,10 +486,12 @@ def built_more_than_once(covered, runs) -> dict[tuple[str, str], list]:
 
 def resume_from_failure(dagster: DagsterServices, backfill_id: str, backfills: list[str]) -> str:
     """The operator's recovery: a new backfill of what failed (`reexecutePartitionBackfill`,
-    FROM_FAILURE), added to the trial's backfills so `settled` cleans it up."""
+    FROM_FAILURE, the CLI's mutation), added to the trial's backfills so `settled` cleans it
+    up. Through `gql`, which retries the 500 a first request after PostgreSQL's restart can
+    meet; the CLI's client retries only 502-504."""
     result = gql(
         dagster,
-        REEXECUTE_BACKFILL,
+        REEXECUTE,
         {"params": {"parentRunId": backfill_id, "strategy": "FROM_FAILURE"}},
     )["reexecutePartitionBackfill"]
     assert result["__typename"] == "LaunchBackfillSuccess", result
