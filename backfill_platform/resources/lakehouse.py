@@ -48,6 +48,7 @@ from backfill_platform.resources.delta_files import (
     range_files,
     swap_range,
 )
+from backfill_platform.resources.delta_log import latest_version, newest_commits
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
@@ -262,7 +263,7 @@ class LakehouseResource(ConfigurableResource):
     def current_version(self, key: AssetKey | str) -> int | None:
         if not self.exists(key):
             return None
-        return self.delta_table(key).history(1).select("version").first()[0]
+        return latest_version(self.session, self.table_path(key))
 
     @contextmanager
     def table_lock(self, key: AssetKey | str) -> Iterator[None]:
@@ -877,24 +878,21 @@ class LakehouseResource(ConfigurableResource):
         idempotent append Delta skipped).
 
         Called under the table lock, so it is the newest commit unless a writer ignored the
-        lock: read one history entry first, fifty only if that misses (no measurable gain at
-        today's table ages; keeps the lookup flat as the log grows).
+        lock: read newest first, at most fifty commits back (delta_log.py: one file each,
+        no Spark job).
         """
-        table = self.delta_table(key)
-        for limit in (1, 50):
-            for row in table.history(limit).collect():
-                meta = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
-                if meta.get("commit_token") == token:
-                    metrics = row["operationMetrics"] or {}
-                    return CommitInfo(
-                        version=row["version"],
-                        rows_written=int(metrics.get("numOutputRows", 0)),
-                        files_written=int(metrics.get("numFiles", 0)),
-                        files_removed=int(metrics.get("numRemovedFiles", 0)),
-                        rows_removed=int(metrics.get("numDeletedRows", 0)),
-                        user_metadata=meta,
-                        bytes_written=int(metrics.get("numOutputBytes", 0)),
-                    )
+        for commit in newest_commits(self.session, self.table_path(key), 50):
+            if commit.user_metadata.get("commit_token") == token:
+                metrics = commit.metrics
+                return CommitInfo(
+                    version=commit.version,
+                    rows_written=int(metrics.get("numOutputRows", 0)),
+                    files_written=int(metrics.get("numFiles", 0)),
+                    files_removed=int(metrics.get("numRemovedFiles", 0)),
+                    rows_removed=int(metrics.get("numDeletedRows", 0)),
+                    user_metadata=commit.user_metadata,
+                    bytes_written=int(metrics.get("numOutputBytes", 0)),
+                )
         if missing_ok:
             return None
         raise CommitLost(
