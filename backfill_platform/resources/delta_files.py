@@ -20,6 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from backfill_platform.resources.delta_log import open_log
+
 # Delta reads commitInfo.userMetadata from this session setting when the operation carries
 # none (the Manual Update operation carries none); the rollback's RESTORE uses it too.
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -53,17 +55,11 @@ def _seq(session: SparkSession, items: list):
     return converters.asScala(jvm.java.util.ArrayList(items)).toSeq()
 
 
-def _delta_log(session: SparkSession, path: str):
-    return session.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-        session._jsparkSession, path
-    )
-
-
 def range_files(session: SparkSession, path: str, partition_predicate: str) -> RangeFiles:
     """The newest snapshot's files whose partition values satisfy `partition_predicate` (an
     SQL predicate on partition columns), with their full statistics."""
     jvm = session.sparkContext._jvm
-    snapshot = _delta_log(session, path).startTransaction().snapshot()
+    snapshot = open_log(session, path).startTransaction().snapshot()
     schema = StructType.fromJson(json.loads(snapshot.metadata().schemaString()))
     files = DataFrame(snapshot.allFiles().toDF(), session)
     fields = [c for c in files.columns if c in _ADD_FIELDS]
@@ -115,7 +111,7 @@ def swap_range(
     """Commit: remove the table's files in `partition_predicate`, add `adds` (paths relative
     to this table, already in place when `before_commit` returns), as one Delta version."""
     jvm = session.sparkContext._jvm
-    txn = _delta_log(session, path).startTransaction()
+    txn = open_log(session, path).startTransaction()
     expression = (
         session._jsparkSession.sessionState().sqlParser().parseExpression(partition_predicate)
     )

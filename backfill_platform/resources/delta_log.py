@@ -26,7 +26,8 @@ class LoggedCommit:
     user_metadata: dict[str, Any]
 
 
-def _delta_log(session: SparkSession, path: str):
+def open_log(session: SparkSession, path: str):
+    """The table's `DeltaLog` (Delta caches one per path and session)."""
     jvm = session.sparkContext._jvm
     return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session._jsparkSession, path)
 
@@ -38,14 +39,14 @@ def _snapshot(session: SparkSession, log):
 
 
 def latest_version(session: SparkSession, path: str) -> int:
-    return int(_snapshot(session, _delta_log(session, path)).version())
+    return int(_snapshot(session, open_log(session, path)).version())
 
 
 def newest_commits(session: SparkSession, path: str, limit: int):
     """The table's newest `limit` commits, newest first, read one file at a time (a
     caller that finds what it looks for early reads no further)."""
     jvm = session.sparkContext._jvm
-    log = _delta_log(session, path)
+    log = open_log(session, path)
     snapshot = _snapshot(session, log)
     files = jvm.org.apache.spark.sql.delta.util.DeltaCommitFileProvider.apply(snapshot)
     manager = jvm.org.apache.spark.sql.delta.DeltaHistoryManager
