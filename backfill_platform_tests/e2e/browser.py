@@ -13,6 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# Dagster's first-visit dialog ("Join the Dagster community") opens over the page at some
+# moment after a fresh profile's first load, sometimes after the page has settled.
+COMMUNITY_DIALOG_SKIP = "//button[normalize-space()='Skip']"
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 FLAGS = (
@@ -51,3 +55,28 @@ def chromium() -> Iterator:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def dismiss_community_dialog(driver) -> None:
+    """Close the community dialog if it is open (its Skip button)."""
+    for button in driver.find_elements("xpath", COMMUNITY_DIALOG_SKIP):
+        button.click()
+
+
+def click(driver, xpath: str, timeout: float = 30) -> None:
+    """Click the element, closing the community dialog first if it opened over the page; a
+    click another overlay still intercepts after `timeout` fails as Selenium reports it."""
+    import time
+
+    from selenium.common.exceptions import ElementClickInterceptedException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        dismiss_community_dialog(driver)
+        try:
+            driver.find_element("xpath", xpath).click()
+            return
+        except ElementClickInterceptedException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)

@@ -12,7 +12,7 @@ import pytest
 from dagster import DagsterInstance
 
 from backfill_platform.operations.stream import BatchReport, report_batch
-from backfill_platform_tests.e2e.browser import chromium
+from backfill_platform_tests.e2e.browser import chromium, dismiss_community_dialog
 from backfill_platform_tests.e2e.conftest import STREAM_FRESHNESS_SECONDS
 from backfill_platform_tests.e2e.services import wait_for
 from backfill_platform_tests.e2e.test_ui_browser import ARTIFACTS, open_page
@@ -95,8 +95,7 @@ def test_raw_orders_fails_its_freshness_when_the_stream_stops_committing(deploym
                 f"{deployment.dagster.url}/assets/raw/orders",
                 ["Freshness policy", "Failed", "Fails if more than a minute since last"],
             )
-            for button in driver.find_elements("xpath", "//button[normalize-space()='Skip']"):
-                button.click()  # the community dialog, when it came after the page settled
+            dismiss_community_dialog(driver)  # when it came after the page settled
             driver.save_screenshot(str(ARTIFACTS / "stream-freshness-failed.png"))
 
         # The stream commits again (restarted by its supervisor, say): passing again, with no

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backfill_platform.tables import TABLE_NAMES
-from backfill_platform_tests.e2e.browser import chromium
+from backfill_platform_tests.e2e.browser import chromium, dismiss_community_dialog
 from backfill_platform_tests.e2e.services import REPO_ROOT, SENSORS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -31,8 +31,7 @@ def open_page(driver, url: str, must_show: list[str]) -> str:
     driver.get(url)
 
     def ready(d) -> bool:
-        for button in d.find_elements("xpath", "//button[normalize-space()='Skip']"):
-            button.click()
+        dismiss_community_dialog(d)
         text = page_text(d)
         return all(s in text for s in must_show) and not any(s in text for s in NOT_SETTLED)
 

@@ -23,7 +23,7 @@ from backfill_platform.tables import (
     STAGING_ORDERS,
     TABLE_NAMES,
 )
-from backfill_platform_tests.e2e.browser import chromium
+from backfill_platform_tests.e2e.browser import chromium, click
 from backfill_platform_tests.e2e.conftest import (
     ALL_ASSETS,
     BACKFILL_TIMEOUT,
@@ -131,9 +131,7 @@ def journey(e2e_root) -> Iterator:
 
 
 def _click(driver, text: str) -> None:
-    driver.find_element(
-        "xpath", f"//*[self::button or self::a][contains(normalize-space(), '{text}')]"
-    ).click()
+    click(driver, f"//*[self::button or self::a][contains(normalize-space(), '{text}')]")
 
 
 def _wait_text(driver, text: str, timeout: float = 60) -> None:
