@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,8 +67,6 @@ def dismiss_community_dialog(driver) -> None:
 def click(driver, xpath: str, timeout: float = 30) -> None:
     """Click the element, closing the community dialog first if it opened over the page; a
     click another overlay still intercepts after `timeout` fails as Selenium reports it."""
-    import time
-
     from selenium.common.exceptions import ElementClickInterceptedException
 
     deadline = time.monotonic() + timeout
