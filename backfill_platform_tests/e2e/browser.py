@@ -64,16 +64,17 @@ def dismiss_community_dialog(driver) -> None:
         button.click()
 
 
-def click(driver, xpath: str, timeout: float = 30) -> None:
-    """Click the element, closing the community dialog first if it opened over the page; a
-    click another overlay still intercepts after `timeout` fails as Selenium reports it."""
+def click(driver, xpath: str, timeout: float = 30, by: str = "xpath") -> None:
+    """Click the element (`by`: Selenium's locator kind), closing the community dialog first
+    if it opened over the page; a click another overlay still intercepts after `timeout`
+    fails as Selenium reports it."""
     from selenium.common.exceptions import ElementClickInterceptedException
 
     deadline = time.monotonic() + timeout
     while True:
         dismiss_community_dialog(driver)
         try:
-            driver.find_element("xpath", xpath).click()
+            driver.find_element(by, xpath).click()
             return
         except ElementClickInterceptedException:
             if time.monotonic() > deadline:

@@ -205,10 +205,12 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         _wait_text(driver, f"Materialize all ({len(TABLE_NAMES) + SHADOW_TWINS})")
         _click(driver, "Materialize all")
         _wait_text(driver, "Partition selection")
-        for link in driver.find_elements("xpath", "//*[contains(text(),'Show all partitions')]"):
-            link.click()
-        box = driver.find_element("css selector", "[role=dialog] input[type=text]")
-        box.click()
+        show_all = "//*[contains(text(),'Show all partitions')]"
+        if driver.find_elements("xpath", show_all):
+            click(driver, show_all)
+        box_css = "[role=dialog] input[type=text]"
+        click(driver, box_css, by="css selector")
+        box = driver.find_element("css selector", box_css)
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys(f"[{CHOSEN[0].isoformat()}...{CHOSEN[1].isoformat()}]", Keys.TAB)
         _wait_text(driver, "3 partitions")
@@ -300,11 +302,12 @@ def _assert_ltv_committed_oldest_first(
 
 def _show_partitions(driver, check: str) -> None:
     """Select `check` in the asset's Checks tab and open its per-partition view."""
-    for item in driver.find_elements("xpath", f"//*[normalize-space()='{check}']"):
-        item.click()
-        break
-    for tab in driver.find_elements("xpath", "//button[normalize-space()='Partitions']"):
-        tab.click()
+    item = f"(//*[normalize-space()='{check}'])[1]"
+    if driver.find_elements("xpath", item):
+        click(driver, item)
+    tab = "(//button[normalize-space()='Partitions'])[1]"
+    if driver.find_elements("xpath", tab):
+        click(driver, tab)
     _wait_text(driver, "Passed (")
 
 
