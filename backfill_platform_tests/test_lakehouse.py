@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.operations.decommission import decommission
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources import lakehouse as lakehouse_module
 from backfill_platform.resources.delta_files import ZeroCopyUnavailable
 from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
 from backfill_platform_tests.harness import spark_resource_for_tests
@@ -147,6 +148,21 @@ def test_every_commit_carries_its_metadata(lake, spark):
     assert latest["metadata"]["dagster_run_id"] == "run-1"
     assert latest["metadata"]["code_version"] == "v7"
     assert lake.covers(TABLE, date(2024, 1, 1)) and not lake.covers(TABLE, date(2024, 1, 2))
+
+
+def test_covered_days_reads_the_newest_commits_then_the_whole_history(lake, spark, monkeypatch):
+    """A day written past the newest commits the log is read for is found in the history."""
+    monkeypatch.setattr(lakehouse_module, "_NEWEST_COMMITS", 2)
+    for day in (1, 2, 3, 5):  # versions 0..3; day 4 never written
+        start = date(2024, 1, day)
+        lake.replace_range(
+            TABLE, _days(spark, [(start.isoformat(), day)]), "d", start, start.replace(day=day + 1),
+            {},
+        )  # fmt: skip
+    days = [date(2024, 1, d) for d in range(1, 7)]
+    assert lake.covered_days(TABLE, days) == {date(2024, 1, d) for d in (1, 2, 3, 5)}
+    assert lake.covers(TABLE, date(2024, 1, 1)) and not lake.covers(TABLE, date(2024, 1, 4))
+    assert lake.covered_days("marts/absent", days) == set()
 
 
 def test_table_state_is_read_through_delta_and_the_storage(lake, spark):

@@ -881,7 +881,7 @@ class LakehouseResource(ConfigurableResource):
         lock: read newest first, at most fifty commits back (delta_log.py: one file each,
         no Spark job).
         """
-        for commit in newest_commits(self.session, self.table_path(key), 50):
+        for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
             if commit.user_metadata.get("commit_token") == token:
                 metrics = commit.metrics
                 return CommitInfo(
@@ -907,12 +907,36 @@ class LakehouseResource(ConfigurableResource):
         An empty partition is still a built one, so row counts cannot answer this; the
         partition range stamped on each commit can.
         """
-        text = day.isoformat()
-        return any(
-            h["metadata"].get("partition_start", "9999") <= text < h["metadata"]["partition_end"]
-            for h in self.history(key)
-            if h["metadata"].get("partition_end")
-        )
+        return day in self.covered_days(key, [day])
+
+    def covered_days(self, key: AssetKey | str, days: Iterable[date]) -> set[date]:
+        """The `days` some commit of ours wrote (see `covers`).
+
+        The newest commits are read first off the log on the driver (delta_log.py, no Spark
+        job): the day a run asks about (LTV's day before its range) was mostly written by one
+        of the last runs. Past the newest 50, the whole history answers for what is left.
+        """
+        wanted = {d.isoformat(): d for d in days}
+        if not wanted or not self.exists(key):
+            return set()
+        found: set[date] = set()
+
+        def take(meta: dict) -> None:
+            start, end = meta.get("partition_start", "9999"), meta.get("partition_end")
+            if end:
+                for text in [t for t in wanted if start <= t < end]:
+                    found.add(wanted.pop(text))
+
+        read_down_to = None
+        for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
+            take(commit.user_metadata)
+            read_down_to = commit.version
+            if not wanted:
+                return found
+        for entry in self.history(key):
+            if read_down_to is None or entry["version"] < read_down_to:
+                take(entry["metadata"])
+        return found
 
     def built_partitions(self, key: AssetKey | str) -> dict[str, dict]:
         """Partition key -> metadata of the newest commit that wrote it (from the Delta log).
@@ -954,6 +978,9 @@ class LakehouseResource(ConfigurableResource):
 
 
 LOG = logging.getLogger(__name__)
+# How far back a lookup reads the log one commit file at a time before a whole history
+# (one Spark job reading commits in parallel) is cheaper.
+_NEWEST_COMMITS = 50
 _OUT_OF_RANGE = "row outside the partition range"
 # Attempts of a write that conflicts with concurrent writers (object-store roots).
 CONFLICT_ATTEMPTS = 5
