@@ -34,7 +34,7 @@ from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.sources.crm_process import free_port
-from backfill_platform.sources.kafka_broker import kafka_broker, running_broker
+from backfill_platform.sources.kafka_broker import kafka_broker, new_cluster_id, running_broker
 from backfill_platform.sources.kafka_broker import main as kafka_cli
 from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS, STAGING_ORDERS
@@ -273,6 +273,15 @@ def test_kafka_start_finds_another_controller_port_when_the_next_one_is_taken(tm
             assert f"CONTROLLER://127.0.0.1:{port + 1}" not in voters
         finally:
             running_broker(data, bootstrap).stop()
+
+
+def test_a_new_cluster_id_never_reads_as_an_option():
+    """1 in 64 random ids in URL-safe base64 start with '-': Kafka's storage tool then took
+    the id for an option and the broker did not start (seen 2026-11-29). 2,000 draws would
+    hold about 31 such ids without the rule."""
+    ids = [new_cluster_id() for _ in range(2000)]
+    assert not [i for i in ids if i.startswith("-")] and len(set(ids)) == len(ids)
+    assert {len(i) for i in ids} == {22}
 
 
 def test_a_streamed_day_past_the_partitions_does_not_break_the_live_sensors():

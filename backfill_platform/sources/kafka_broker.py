@@ -149,6 +149,16 @@ class KafkaBroker:
         self.stop()
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID in URL-safe base64, never starting with '-', as
+    Kafka's own `Uuid.randomUuid()` ensures (1 in 64 do otherwise, and the storage tool's
+    argument parser reads such an id as an option: the broker would not start)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
 def start_broker(
     data: Path, port: int | None = None, controller_port: int | None = None, detach: bool = False
 ) -> KafkaBroker:
@@ -176,9 +186,8 @@ def start_broker(
         broker_classpath(),
     ]
     if not (data / "log" / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         formatted = subprocess.run(
-            [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            [*java, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config)],
             capture_output=True,
             text=True,
         )
