@@ -37,6 +37,7 @@ from backfill_platform.tables import (
     STAGING_REJECTS,
     table,
 )
+from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.messages import parse_messages
 
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
@@ -195,7 +196,9 @@ def write_batch(
             # before its fold: folding again from the current raw is idempotent.
             raw_version = version if version is not None else lake.current_version(RAW_ORDERS)
             event_days = sorted({d.isoformat() for r in groups for d in r["event_days"]})
-            folded = fold_into_staging(lake, raw_version, event_days, days, fold.frozen)
+            # A day's rejects change only when the batch brought rejects for it.
+            reject_days = sorted({r["ingest_date"].isoformat() for r in groups if r["rejects"]})
+            folded = fold_into_staging(lake, raw_version, event_days, reject_days, fold.frozen)
     finally:
         rows.unpersist()
     report = BatchReport(
@@ -230,9 +233,11 @@ def fold_into_staging(
         READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): raw_version}),
     }
     staged: dict[str, dict[str, int]] = {}
+    known = None  # the known currencies, read once for every span
     for key, days in ((STAGING_ORDERS, event_days), (STAGING_REJECTS, ingest_days)):
         for span in ranges_of(d for d in days if d not in held):
-            orders, rejects = staging_frames(lake, raw_version, span.start, span.end)
+            known = known if known is not None else known_currencies(lake)
+            orders, rejects = staging_frames(lake, raw_version, span.start, span.end, known)
             commit = lake.replace_range(
                 key,
                 orders if key == STAGING_ORDERS else rejects,
