@@ -1,11 +1,14 @@
 """Every rule of contract sections 1.1 and 1.2, through the real assets where it matters."""
 
 import json
+import shutil
 from decimal import Decimal
 
 import pytest
 from pyspark.sql import functions as F
 
+from backfill_platform.tables import RAW_FX_RATES
+from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.orders import parse_orders
 from backfill_platform_tests.harness import order_line
 
@@ -174,3 +177,23 @@ def test_fx_uses_the_latest_rate_within_seven_days_and_fails_beyond(platform):
     error = next(e for e in failed.all_events if e.event_type_value == "STEP_FAILURE")
     assert "2024-01-09 JPY" in error.step_failure_data.error.message
     assert platform.version("marts/fct_daily_revenue") == before
+
+
+def test_known_currencies_follow_every_new_version_and_a_recreated_table(platform):
+    """Kept per version of raw/fx_rates in the process: a new rates file (a new version) and
+    a table deleted and created again at its path (version 0 again, a new table id) are read
+    anew, never answered from what an older table said."""
+    lake = platform.resources["lakehouse"]
+    platform.write_rates("2024-01-01", {"EUR": "1.10000000"})
+    platform.materialize("2024-01-01", selection=["raw/fx_rates"])
+    assert known_currencies(lake) == ["EUR", "USD"] == known_currencies(lake)
+    platform.write_rates("2024-01-02", {"JPY": "0.00670001"})
+    platform.materialize("2024-01-02", selection=["raw/fx_rates"])
+    assert known_currencies(lake) == ["EUR", "JPY", "USD"]
+
+    shutil.rmtree(lake.table_path(RAW_FX_RATES))
+    shutil.rmtree(platform.landing / "fx_rates")
+    platform.write_rates("2024-01-01", {"GBP": "1.25000000"})
+    platform.materialize("2024-01-01", selection=["raw/fx_rates"])
+    assert platform.version("raw/fx_rates") == 0
+    assert known_currencies(lake) == ["GBP", "USD"]

@@ -42,6 +42,13 @@ def latest_version(session: SparkSession, path: str) -> int:
     return int(_snapshot(session, open_log(session, path)).version())
 
 
+def identity(session: SparkSession, path: str) -> tuple[str, int]:
+    """The table's id (Delta makes a new one whenever a table is created at a path) and its
+    newest version: together they name the table's content for good."""
+    snapshot = _snapshot(session, open_log(session, path))
+    return str(snapshot.metadata().id()), int(snapshot.version())
+
+
 def newest_commits(session: SparkSession, path: str, limit: int):
     """The table's newest `limit` commits, newest first, read one file at a time (a
     caller that finds what it looks for early reads no further)."""

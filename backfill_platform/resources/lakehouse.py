@@ -48,7 +48,7 @@ from backfill_platform.resources.delta_files import (
     range_files,
     swap_range,
 )
-from backfill_platform.resources.delta_log import latest_version, newest_commits
+from backfill_platform.resources.delta_log import identity, latest_version, newest_commits
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
@@ -264,6 +264,13 @@ class LakehouseResource(ConfigurableResource):
         if not self.exists(key):
             return None
         return latest_version(self.session, self.table_path(key))
+
+    def content_id(self, key: AssetKey | str) -> tuple[str, int] | None:
+        """(Delta's table id, newest version): it changes whenever the table's content can,
+        so what is derived from a table can be kept under it (None: no table yet)."""
+        if not self.exists(key):
+            return None
+        return identity(self.session, self.table_path(key))
 
     @contextmanager
     def table_lock(self, key: AssetKey | str) -> Iterator[None]:

@@ -14,6 +14,9 @@ RATE_TYPE = "decimal(18,8)"
 # amount DECIMAL(18,2) x rate DECIMAL(18,8) is DECIMAL(37,10): exact, no rounding anywhere.
 USD_TYPE = "decimal(38,10)"
 REACH_DAYS = 7
+# known_currencies' answers by (table path, table id, version), the oldest dropped first.
+_KNOWN: dict[tuple[str, str, int], list[str]] = {}
+_KNOWN_KEPT = 64
 
 
 class FxRateError(ValueError):
@@ -165,14 +168,25 @@ def _per_file():
 
 
 def known_currencies(lakehouse: LakehouseResource) -> list[str]:
-    """USD plus every currency with a valid rate anywhere in raw/fx_rates (contract 1.1)."""
-    if not lakehouse.exists(RAW_FX_RATES):
+    """USD plus every currency with a valid rate anywhere in raw/fx_rates (contract 1.1).
+
+    Read once per version of raw/fx_rates in a process: a run asks three times (staging
+    and two reconciliations) and the live stream every batch, and the answer is a Spark
+    job; the table's version is a read of its log on the driver.
+    """
+    content = lakehouse.content_id(RAW_FX_RATES)
+    if content is None:
         return ["USD"]
-    rows = (
-        lakehouse.read(RAW_FX_RATES)
-        .where(F.col("reject_reason").isNull())
-        .select("currency")
-        .distinct()
-        .collect()
-    )
-    return sorted({"USD", *(r["currency"] for r in rows)})
+    key = (lakehouse.table_path(RAW_FX_RATES), *content)
+    if key not in _KNOWN:
+        rows = (
+            lakehouse.read(RAW_FX_RATES, content[1])
+            .where(F.col("reject_reason").isNull())
+            .select("currency")
+            .distinct()
+            .collect()
+        )
+        while len(_KNOWN) >= _KNOWN_KEPT:
+            _KNOWN.pop(next(iter(_KNOWN)))
+        _KNOWN[key] = sorted({"USD", *(r["currency"] for r in rows)})
+    return list(_KNOWN[key])
