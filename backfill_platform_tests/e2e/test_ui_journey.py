@@ -205,9 +205,7 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         _wait_text(driver, f"Materialize all ({len(TABLE_NAMES) + SHADOW_TWINS})")
         _click(driver, "Materialize all")
         _wait_text(driver, "Partition selection")
-        show_all = "//*[contains(text(),'Show all partitions')]"
-        if driver.find_elements("xpath", show_all):
-            click(driver, show_all)
+        _click_each(driver, "//*[contains(text(),'Show all partitions')]")
         box_css = "[role=dialog] input[type=text]"
         click(driver, box_css, by="css selector")
         box = driver.find_element("css selector", box_css)
@@ -300,14 +298,20 @@ def _assert_ltv_committed_oldest_first(
     return ranges
 
 
+def _click_each(driver, xpath: str) -> None:
+    """Click every element `xpath` finds, in order, while it is still there (none: nothing
+    to do)."""
+    for i in range(len(driver.find_elements("xpath", xpath))):
+        if len(driver.find_elements("xpath", xpath)) > i:
+            click(driver, f"({xpath})[{i + 1}]")
+
+
 def _show_partitions(driver, check: str) -> None:
     """Select `check` in the asset's Checks tab and open its per-partition view."""
     item = f"(//*[normalize-space()='{check}'])[1]"
     if driver.find_elements("xpath", item):
         click(driver, item)
-    tab = "(//button[normalize-space()='Partitions'])[1]"
-    if driver.find_elements("xpath", tab):
-        click(driver, tab)
+    _click_each(driver, "//button[normalize-space()='Partitions']")
     _wait_text(driver, "Passed (")
 
 
