@@ -150,12 +150,12 @@ class KafkaBroker:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: a random UUID in URL-safe base64, never starting with '-', as
-    Kafka's own `Uuid.randomUuid()` ensures (1 in 64 do otherwise, and the storage tool's
-    argument parser reads such an id as an option: the broker would not start)."""
+    """A KRaft cluster id: a random UUID in URL-safe base64 without '-', drawn again as
+    Kafka's own `Uuid.randomUuid()` does (1 in 64 start with '-' otherwise, and the storage
+    tool's argument parser reads such an id as an option: the broker would not start)."""
     while True:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not text.startswith("-"):
+        if "-" not in text:
             return text
 
 
