@@ -89,17 +89,12 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
 
 
 def staging_frames(
-    lakehouse: LakehouseResource,
-    version: int | None,
-    start: date,
-    end: date,
-    known: list[str] | None = None,
+    lakehouse: LakehouseResource, version: int | None, start: date, end: date
 ) -> tuple[DataFrame, DataFrame]:
     """Both outputs over [start, end) from raw at `version`: the orders of those event days
     (latest wins) and the rejects of those ingest days. The live stream folds its batches
-    into staging with the very same frames (operations/stream.py), passing the `known`
-    currencies it read once for all its spans."""
-    known = known if known is not None else known_currencies(lakehouse)
+    into staging with the very same frames (operations/stream.py)."""
+    known = known_currencies(lakehouse)
     raw = lakehouse.read(RAW_ORDERS, version)
     in_range = raw.where(
         (F.col("event_date") >= F.lit(start))

@@ -37,7 +37,6 @@ from backfill_platform.tables import (
     STAGING_REJECTS,
     table,
 )
-from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.messages import parse_messages
 
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
@@ -233,11 +232,9 @@ def fold_into_staging(
         READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): raw_version}),
     }
     staged: dict[str, dict[str, int]] = {}
-    known = None  # the known currencies, read once for every span
     for key, days in ((STAGING_ORDERS, event_days), (STAGING_REJECTS, ingest_days)):
         for span in ranges_of(d for d in days if d not in held):
-            known = known if known is not None else known_currencies(lake)
-            orders, rejects = staging_frames(lake, raw_version, span.start, span.end, known)
+            orders, rejects = staging_frames(lake, raw_version, span.start, span.end)
             commit = lake.replace_range(
                 key,
                 orders if key == STAGING_ORDERS else rejects,
