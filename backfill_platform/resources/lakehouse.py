@@ -940,6 +940,8 @@ class LakehouseResource(ConfigurableResource):
             read_down_to = commit.version
             if not wanted:
                 return found
+        if read_down_to == 0:  # every commit read: no older one for the history to add
+            return found
         for entry in self.history(key):
             if read_down_to is None or entry["version"] < read_down_to:
                 take(entry["metadata"])
