@@ -7,11 +7,14 @@ from urllib.parse import unquote, urlparse
 import pytest
 from pyspark.sql import functions as F
 
+from backfill_platform.checks.drift import commit_profiles, profiles
 from backfill_platform.operations.decommission import decommission
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources import lakehouse as lakehouse_module
 from backfill_platform.resources.delta_files import ZeroCopyUnavailable
 from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
+from backfill_platform.tables import table
 from backfill_platform_tests.harness import spark_resource_for_tests
 
 TABLE = "marts/example"
@@ -163,6 +166,93 @@ def test_covered_days_reads_the_newest_commits_then_the_whole_history(lake, spar
     assert lake.covered_days(TABLE, days) == {date(2024, 1, d) for d in (1, 2, 3, 5)}
     assert lake.covers(TABLE, date(2024, 1, 1)) and not lake.covers(TABLE, date(2024, 1, 4))
     assert lake.covered_days("marts/absent", days) == set()
+
+
+def _revenue(spark, days_and_orders):
+    return spark.createDataFrame(
+        [(date(2024, 1, d), n) for d, n in days_and_orders], "event_date date, orders int"
+    )
+
+
+def test_commit_changes_reads_one_replace_from_the_change_feed_or_declines(lake, spark):
+    """A replace's removed and written rows come from Delta's change feed of that commit
+    alone, within the asked days; a commit that changed the schema, or a table created
+    without the feed, is declined (None), so the caller reads the two versions instead."""
+    name, first, last = "marts/fct_daily_revenue", date(2024, 1, 1), date(2024, 1, 4)
+    lake.replace_range(
+        name, _revenue(spark, [(1, 1), (2, 2), (3, 3)]), "event_date", first, last, {}
+    )
+    second, third = date(2024, 1, 2), date(2024, 1, 3)
+    commit = lake.replace_range(name, _revenue(spark, [(2, 20)]), "event_date", second, third, {})
+    changes = lake.commit_changes(name, commit.version, first, last)
+    assert sorted(
+        (r["_change_type"], r["event_date"].day, r["orders"]) for r in changes.collect()
+    ) == [
+        ("delete", 2, 2),
+        ("insert", 2, 20),
+    ]
+    assert lake.commit_changes(name, commit.version, third, last).count() == 0
+    widened = lake.replace_range(
+        name,
+        _revenue(spark, [(3, 30)]).withColumn("paid_orders", F.lit(1)),
+        "event_date",
+        third,
+        last,
+        {},
+    )
+    assert lake.commit_changes(name, widened.version, first, last) is None
+
+    feed_off = {"spark.databricks.delta.properties.defaults.enableChangeDataFeed": "false"}
+    with lake.spark.temporary_conf(feed_off):
+        lake.replace_range("staging/orders", _orders(spark, 1), "event_date", first, second, {})
+    again = lake.replace_range("staging/orders", _orders(spark, 2), "event_date", first, second, {})
+    assert lake.commit_changes("staging/orders", again.version, first, second) is None
+
+
+def _orders(spark, amount):
+    return spark.createDataFrame(
+        [("o1", date(2024, 1, 1), amount), ("o2", date(2024, 1, 1), None)],
+        "order_id string, event_date date, amount int",
+    )
+
+
+def test_drift_profiles_a_commit_the_feed_missed_by_time_travel(lake, spark):
+    """A feed switched on after a commit (ALTER TABLE) holds no record of it: the drift
+    profiles of that commit fall back to the two versions, with the same figures."""
+    registered, run = table("staging/orders"), DayRange("2024-01-01", "2024-01-01")
+    first, second = date(2024, 1, 1), date(2024, 1, 2)
+    with lake.spark.temporary_conf(
+        {"spark.databricks.delta.properties.defaults.enableChangeDataFeed": "false"}
+    ):
+        lake.replace_range("staging/orders", _orders(spark, 1), "event_date", first, second, {})
+        commit = lake.replace_range(
+            "staging/orders", _orders(spark, 5), "event_date", first, second, {}
+        )
+    path = lake.table_path("staging/orders")
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    # The log cannot tell (no metadata changed at that commit); the feed's read can.
+    assert lake.commit_changes("staging/orders", commit.version, first, second) is not None
+    by_versions = profiles(
+        lake.read_partitions("staging/orders", first, second, commit.version - 1),
+        lake.read_partitions("staging/orders", first, second, commit.version),
+        "event_date",
+        "order_id",
+        ["amount"],
+    )
+    assert commit_profiles(lake, registered, run, commit.version, own_commit=True) == by_versions
+    assert by_versions[0]["2024-01-01"]["sum:amount"] == 1.0
+    assert by_versions[1]["2024-01-01"]["sum:amount"] == 5.0
+
+    # A commit the feed holds gives the same figures as the two versions.
+    feed = lake.replace_range("staging/orders", _orders(spark, 7), "event_date", first, second, {})
+    assert lake.commit_changes("staging/orders", feed.version, first, second) is not None
+    assert commit_profiles(lake, registered, run, feed.version, own_commit=True) == profiles(
+        lake.read_partitions("staging/orders", first, second, feed.version - 1),
+        lake.read_partitions("staging/orders", first, second, feed.version),
+        "event_date",
+        "order_id",
+        ["amount"],
+    )
 
 
 def test_table_state_is_read_through_delta_and_the_storage(lake, spark):

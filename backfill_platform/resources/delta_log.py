@@ -18,6 +18,8 @@ from typing import Any
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+CHANGE_FEED = "delta.enableChangeDataFeed"
+
 
 @dataclass(frozen=True)
 class LoggedCommit:
@@ -47,6 +49,29 @@ def identity(session: SparkSession, path: str) -> tuple[str, int]:
     newest version: together they name the table's content for good."""
     snapshot = _snapshot(session, open_log(session, path))
     return str(snapshot.metadata().id()), int(snapshot.version())
+
+
+def feed_covers(session: SparkSession, path: str, version: int) -> bool:
+    """Whether Delta's change data feed holds commit `version` as whole rows of one schema:
+    the table records its changes (`delta.enableChangeDataFeed`) and that commit did not
+    change the table's metadata (a new column would read as NULL in the removed rows). One
+    file read; a feed switched on after `version` still fails at the read
+    (DELTA_MISSING_CHANGE_DATA)."""
+    jvm = session.sparkContext._jvm
+    converters = jvm.scala.jdk.javaapi.CollectionConverters
+    log = open_log(session, path)
+    snapshot = _snapshot(session, log)
+    settings = converters.asJava(snapshot.metadata().configuration())
+    if str(settings.get(CHANGE_FEED)).lower() != "true" or version > int(snapshot.version()):
+        return False
+    files = jvm.org.apache.spark.sql.delta.util.DeltaCommitFileProvider.apply(snapshot)
+    try:
+        actions = log.store().read(files.deltaFile(version), log.newDeltaHadoopConf())
+    except Py4JJavaError as error:
+        if "FileNotFoundException" in error.java_exception.getClass().getName():
+            return False  # cleaned up by Delta's log retention
+        raise
+    return not any(line.startswith('{"metaData"') for line in converters.asJava(actions))
 
 
 def newest_commits(session: SparkSession, path: str, limit: int):

@@ -48,7 +48,12 @@ from backfill_platform.resources.delta_files import (
     range_files,
     swap_range,
 )
-from backfill_platform.resources.delta_log import identity, latest_version, newest_commits
+from backfill_platform.resources.delta_log import (
+    feed_covers,
+    identity,
+    latest_version,
+    newest_commits,
+)
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
 from backfill_platform.tables import (
@@ -259,6 +264,26 @@ class LakehouseResource(ConfigurableResource):
         rows = self.read_range(key, table(key).partition_column, start, end, version)
         owned = owned_only and table(key).owned_predicate(rows.columns)
         return rows.where(owned) if owned else rows
+
+    def commit_changes(
+        self, key: AssetKey | str, version: int, start: date, end: date
+    ) -> DataFrame | None:
+        """What commit `version` did to [start, end) on the registered partition column, as
+        Delta's change data feed reads it: the rows it removed (`_change_type` 'delete')
+        and the rows it wrote ('insert'), from that commit's own files, with no snapshot of
+        the version before rebuilt. None when the feed does not hold that commit
+        (`delta_log.feed_covers`: a table created before the feed was on, a schema change)."""
+        path = self.table_path(key)
+        if not self.exists(key) or not feed_covers(self.session, path, version):
+            return None
+        changes = (
+            self.session.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", version)
+            .option("endingVersion", version)
+            .load(path)
+        )
+        return changes.where(_range_predicate(table(key).partition_column, start, end))
 
     def current_version(self, key: AssetKey | str) -> int | None:
         if not self.exists(key):

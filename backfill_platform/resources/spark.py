@@ -150,6 +150,10 @@ class SparkSessionResource(ConfigurableResource):
             # A run that rewrites a range to the same empty state still leaves its commit,
             # so the log says which run last built every partition.
             "spark.databricks.delta.skipRecordingEmptyCommits": "false",
+            # Every table the platform creates records its changes: the drift check reads a
+            # run's commit from it instead of rebuilding the version before (checks/drift.py).
+            # A replace of whole partitions writes no extra files for it.
+            "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
         }
         conf.update(self.s3_config())
         conf.update(self.extra_conf)
