@@ -84,12 +84,8 @@ def profiles(
             {r[column].isoformat(): r for r in _profile(old, by_day, key, measures)},
             {r[column].isoformat(): r for r in _profile(new, by_day, key, measures)},
         )
-    tag = "_profiled_version"
-    both = old.withColumn(tag, F.lit(0)).unionByName(new.withColumn(tag, F.lit(1)))
-    found: tuple[dict[str, dict], dict[str, dict]] = ({}, {})
-    for row in _profile(both, [column, tag], key, measures):
-        found[row.pop(tag)][row[column].isoformat()] = row
-    return found
+    both = old.withColumn(_TAG, F.lit(0)).unionByName(new.withColumn(_TAG, F.lit(1)))
+    return _tagged_profiles(both, column, key, measures)
 
 
 def change_profiles(
@@ -97,12 +93,21 @@ def change_profiles(
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """`profiles` of one commit's change feed: its removed rows are the old version's
     partitions, its written rows the new one's."""
-    tag = "_profiled_version"
     kinds = changes.where(F.col("_change_type").isin("delete", "insert"))
-    both = kinds.withColumn(tag, F.when(F.col("_change_type") == "delete", 0).otherwise(1))
+    both = kinds.withColumn(_TAG, F.when(F.col("_change_type") == "delete", 0).otherwise(1))
+    return _tagged_profiles(both, column, key, measures)
+
+
+_TAG = "_profiled_version"  # 0: the old version's rows, 1: the new one's
+
+
+def _tagged_profiles(
+    both: DataFrame, column: str, key: str, measures: list[str]
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Both versions' per-partition profiles in one Spark job, split by `_TAG`."""
     found: tuple[dict[str, dict], dict[str, dict]] = ({}, {})
-    for row in _profile(both, [column, tag], key, measures):
-        found[row.pop(tag)][row[column].isoformat()] = row
+    for row in _profile(both, [column, _TAG], key, measures):
+        found[row.pop(_TAG)][row[column].isoformat()] = row
     return found
 
 

@@ -68,7 +68,7 @@ def feed_covers(session: SparkSession, path: str, version: int) -> bool:
     try:
         actions = log.store().read(files.deltaFile(version), log.newDeltaHadoopConf())
     except Py4JJavaError as error:
-        if "FileNotFoundException" in error.java_exception.getClass().getName():
+        if _not_found(error):
             return False  # cleaned up by Delta's log retention
         raise
     return not any(line.startswith('{"metaData"') for line in converters.asJava(actions))
@@ -88,11 +88,15 @@ def newest_commits(session: SparkSession, path: str, limit: int):
         try:
             info = manager.getCommitInfoOpt(log.store(), files.deltaFile(version), conf)
         except Py4JJavaError as error:
-            if "FileNotFoundException" in error.java_exception.getClass().getName():
+            if _not_found(error):
                 return  # cleaned up by Delta's log retention: nothing older either
             raise
         if info.isDefined():
             yield _logged(session, version, info.get())
+
+
+def _not_found(error: Py4JJavaError) -> bool:
+    return "FileNotFoundException" in error.java_exception.getClass().getName()
 
 
 def _logged(session: SparkSession, version: int, info) -> LoggedCommit:

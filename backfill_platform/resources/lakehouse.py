@@ -272,9 +272,10 @@ class LakehouseResource(ConfigurableResource):
         Delta's change data feed reads it: the rows it removed (`_change_type` 'delete')
         and the rows it wrote ('insert'), from that commit's own files, with no snapshot of
         the version before rebuilt. None when the feed does not hold that commit
-        (`delta_log.feed_covers`: a table created before the feed was on, a schema change)."""
+        (`delta_log.feed_covers`: no table, a table created before the feed was on, a
+        schema change)."""
         path = self.table_path(key)
-        if not self.exists(key) or not feed_covers(self.session, path, version):
+        if not feed_covers(self.session, path, version):
             return None
         changes = (
             self.session.read.format("delta")
