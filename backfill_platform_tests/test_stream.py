@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -256,16 +257,32 @@ def test_latest_wins_prefers_a_message_on_the_same_ingest_date(spark):
     assert won == {"a": "message", "b": "p2", "c": "later day"}
 
 
+@contextmanager
+def _holding_the_next_port():
+    """A free client port whose next port this test holds. A free port's neighbour may be
+    another process's (CI's run of 2026-11-29 failed binding it), so draw until both are ours."""
+    for _ in range(50):
+        port = free_port()
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", port + 1))
+        except OSError:
+            holder.close()
+            continue
+        with holder:
+            holder.listen()
+            yield port
+        return
+    raise RuntimeError("no free pair of neighbouring ports on 127.0.0.1 in 50 draws")
+
+
 def test_kafka_start_finds_another_controller_port_when_the_next_one_is_taken(tmp_path, capsys):
     """`make kafka-start` puts the controller on the port after the client's. When another
     process holds that one (an ephemeral port, as on a busy CI machine), the broker starts
     on another port instead of exiting at start (CI's `make demo STREAM=on`, 2026-11-28)."""
-    port = free_port()
     data = tmp_path / "kafka"
-    bootstrap = f"127.0.0.1:{port}"
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", port + 1))
-        holder.listen()
+    with _holding_the_next_port() as port:
+        bootstrap = f"127.0.0.1:{port}"
         try:
             assert kafka_cli(["start", "--data", str(data), "--bootstrap", bootstrap]) == 0
             assert f"broker at {bootstrap}, topic orders" in capsys.readouterr().out
