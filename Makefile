@@ -109,14 +109,18 @@ cli: install
 # Two pytest-xdist workers, a test file each at a time (module fixtures stay in one process):
 # 138 tests took 12 min 23 s on 2 cores shared with two other Spark jobs, against 15 min 21 s
 # in one process on idle cores: JVM start-up and Dagster's polling leave a core idle.
-# `make e2e` groups its tests by deployment. TEST_WORKERS=0 runs in one process.
+# A third worker was slower on 2 cores: 841 s against 754 s for the same 182 tests
+# (2026-11-29, idle). `make e2e` groups its tests by deployment. TEST_WORKERS=0 runs in one
+# process.
 TEST_WORKERS ?= 2
 # PostgreSQL's server: test_crm_limiter_machines.py starts one (3 s) for the CRM limiter.
 test: install reliability-deps $(CDS)
 	@status=0; $(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
-		-n $(TEST_WORKERS) --dist loadfile backfill_platform_tests || status=$$?; \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder backfill_platform_tests \
+		|| status=$$?; \
 	echo "make test: the core. Slower suites: make reliability RELIABILITY_SIZE=small (kills, \
-	concurrency, service faults) and make e2e (webserver, daemon, browser, PostgreSQL, S3)."; \
+	concurrency, service faults, the benchmark's smoke tests) and make e2e (webserver, daemon, \
+	browser, PostgreSQL, S3)."; \
 	exit $$status
 
 # Real services end to end (README "Deploying"): webserver + daemon, Chromium, PostgreSQL,
@@ -161,12 +165,13 @@ test-fast: install $(CDS)
 
 # Killed runs, concurrent writers, live + backfill, hostile input, properties, faults of the
 # real services (daemon, run worker, PostgreSQL), the stream beside a backfill on S3
-# (versitygw); prints the figures and writes them to test-artifacts/reliability/ (see
-# docs/reliability.md).
+# (versitygw), and `make bench` end to end at a micro scale (test_bench.py); prints the
+# figures and writes them to test-artifacts/reliability/ (see docs/reliability.md).
 reliability: install reliability-deps s3-deps $(CDS)
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
-		-n $(TEST_WORKERS) --dist loadfile -m reliability backfill_platform_tests/reliability
+		-n $(TEST_WORKERS) --dist loadfile -m "reliability or bench" \
+		backfill_platform_tests/reliability backfill_platform_tests/test_bench.py
 	$(PY) -m backfill_platform_tests.reliability.report
 
 # customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).

@@ -21,35 +21,38 @@ from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform_tests.harness import Platform, spark_resource_for_tests
 
 # pytest-xdist hands out test files (`make e2e`: deployment groups) one per worker to
-# start, then one as a worker frees up. By default it orders them by their number of tests;
-# `make e2e` passes --no-loadscope-reorder so they go in this order instead, the longest
-# first (its groups mostly wait on services, so a long one started last would run alone).
-# `make test` and `make reliability` keep xdist's order: with this one `make test` took
-# 1,056 s instead of 975 s (2026-11-28, idle), the bench's own JVMs competing with
-# test_crm.py's from the start. Seconds per file from those runs and CI's --durations;
-# `test_cli_deployment.py` stands for the e2e files that share one deployment.
+# start, then one as a worker is about to free up. By default it orders them by their number
+# of tests; `make test` and `make e2e` pass --no-loadscope-reorder so they go in this order
+# instead, the longest first, and the short files fill the end. With xdist's order
+# `make test` ended on test_bench.py alone while the other worker sat idle for 87 s
+# (2026-11-29: 754 s); e2e groups mostly wait on services, so a long one started last would
+# run alone. `make reliability` keeps xdist's order (this one breaks its ties). Seconds per
+# file from `make test`'s two workers on 2026-11-29 and CI's --durations;
+# `test_cli_deployment.py` stands for the e2e files that share one deployment. Files not
+# named here (a few seconds each) follow in name order.
 LONGEST_FIRST = (
     "test_service_faults.py",  # reliability ~570 s
     "test_cli_deployment.py",  # e2e shared deployment ~520 s
     "test_ui_journey.py",  # e2e ~305 s
     "test_stream_deployed_backfill.py",  # e2e ~280 s
-    "test_crm.py",  # 271 s
     "test_live_backfill.py",  # reliability 261 s
-    "test_bench.py",  # 233 s
-    "test_operations.py",  # 215 s
-    "test_stream.py",  # 207 s
+    "test_bench.py",  # `make reliability` (marked bench) ~150 s
+    "test_crm.py",  # 204 s
+    "test_stream.py",  # 161 s
+    "test_operations.py",  # 154 s
     "test_object_storage.py",  # e2e ~200 s
     "test_stream_kill.py",  # reliability ~180 s
-    "test_first_hour.py",  # 172 s
+    "test_first_hour.py",  # 129 s
     "test_kill.py",  # reliability ~150 s
-    "test_platform.py",  # 136 s
+    "test_platform.py",  # 104 s
     "test_correction_playbook.py",  # reliability 132 s
-    "test_checks.py",  # 124 s
+    "test_checks.py",  # 94 s
     "test_storage_faults.py",  # reliability ~120 s
     "test_stream_backfill.py",  # reliability ~110 s
-    "test_automation.py",  # 109 s
-    "test_contract_answer.py",  # 107 s
-    "test_operator_input.py",  # 80 s
+    "test_automation.py",  # 81 s
+    "test_lakehouse.py",  # 78 s
+    "test_operator_input.py",  # 73 s
+    "test_contract_answer.py",  # 58 s
     "test_hostile.py",  # reliability ~70 s
 )
 

@@ -10,6 +10,10 @@ import pytest
 
 from benchmarks import bench, dagster_events, large
 
+# The benchmark's own tests, not the platform's core: `make reliability` runs them (CI too),
+# so `make test` stays the newcomer's run of the core (issue 30: within 12 minutes).
+pytestmark = pytest.mark.bench
+
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
