@@ -70,8 +70,10 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 # Delta's jars, S3A's, Spark's Kafka source and the Kafka broker's (.spark-jars/kafka-broker),
-# fetched once through Maven so no run waits on the network afterwards.
+# fetched once through Maven so no run waits on the network afterwards, and the project's Java
+# classes (build-support/*/src) compiled against them.
 $(JARS): $(INSTALLED) build-support/delta-jars.pom.xml build-support/s3-jars.pom.xml \
+		$(wildcard build-support/*/src/backfill_platform/*.java) \
 		build-support/kafka-spark.pom.xml build-support/kafka-broker.pom.xml
 	$(PY) -m backfill_platform.resources.jars --fetch-jars
 	touch $@

@@ -7,11 +7,15 @@ The S3 server itself is exercised in `make e2e` (e2e/test_object_storage.py); he
 
 from __future__ import annotations
 
+import stat
+
 from dagster import EnvVar
 
 from backfill_platform.definitions import build_resources
-from backfill_platform.resources import LakehouseResource, LandingZoneResource
+from backfill_platform.resources import LakehouseResource, LandingZoneResource, SparkSessionResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
+from backfill_platform.resources.spark import LOCAL_FS, LOCAL_FS_JAR, spark_jars_dir
+from backfill_platform.resources.storage import hadoop_fs
 from backfill_platform_tests.harness import order_line, spark_resource_for_tests
 
 
@@ -90,3 +94,38 @@ def test_without_keys_s3a_uses_the_default_credential_chain(monkeypatch, tmp_pat
     assert not [
         k for k in conf if k.endswith((".access.key", ".secret.key", "credentials.provider"))
     ]
+
+
+def test_a_local_session_sets_the_modes_hadoop_asks_for_without_chmod(tmp_path):
+    """`file://` goes through the project's file system (no `chmod` process per file), and
+    it sets the mode Hadoop asks for: on a folder it creates, on a file, with a sticky bit."""
+    session = spark_resource_for_tests().get_session()
+    jvm = session.sparkContext._jvm
+    mode = jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable
+    filesystem, folder = hadoop_fs(session, (tmp_path / "made").as_uri())
+    assert filesystem.getClass().getName() == LOCAL_FS
+    assert filesystem.getRawFileSystem().getClass().getName() == f"{LOCAL_FS}$Raw"
+    assert filesystem.mkdirs(folder, mode(0o750))
+    assert stat.S_IMODE((tmp_path / "made").stat().st_mode) == 0o750
+    data = tmp_path / "made" / "part-0.parquet"
+    data.write_bytes(b"x")
+    filesystem.setPermission(jvm.org.apache.hadoop.fs.Path(data.as_uri()), mode(0o600))
+    assert stat.S_IMODE(data.stat().st_mode) == 0o600
+    filesystem.setPermission(folder, mode(0o1777))  # Java cannot: Hadoop's chmod does
+    assert stat.S_IMODE((tmp_path / "made").stat().st_mode) == 0o1777
+
+
+def test_the_local_file_system_is_for_local_sessions_and_keeps_a_deployments_class_path():
+    jar = str(spark_jars_dir() / LOCAL_FS_JAR)
+    local = SparkSessionResource(master="local[2]").spark_config()
+    assert local["spark.hadoop.fs.file.impl"] == LOCAL_FS
+    assert local["spark.driver.extraClassPath"] == jar
+    # A cluster's executors are other JVMs: they keep Hadoop's; the driver's class path
+    # stays the same, so every driver matches one class-data archive.
+    cluster = SparkSessionResource(master="spark://127.0.0.1:7077").spark_config()
+    assert "spark.hadoop.fs.file.impl" not in cluster
+    assert cluster["spark.driver.extraClassPath"] == jar
+    own = SparkSessionResource(
+        master="local[2]", extra_conf={"spark.driver.extraClassPath": "/opt/extra.jar"}
+    ).spark_config()
+    assert own["spark.driver.extraClassPath"] == f"{jar}:/opt/extra.jar"

@@ -3,10 +3,11 @@
     python -m backfill_platform.resources.jars --fetch-jars   # `make jars` runs this
     python -m backfill_platform.resources.jars --check        # start Spark, write a Delta table
 
-Four sets in `.spark-jars/`: Delta Lake; S3A (hadoop-aws and the AWS SDK modules it
+Five sets in `.spark-jars/`: Delta Lake; S3A (hadoop-aws and the AWS SDK modules it
 loads), for lakehouses and landing zones on `s3a://`; the project's commit log store for
-S3 (`build-support/s3-log-store`, compiled here with the JDK against those jars); and Spark's
-Kafka source for the live stream. The Kafka broker's own jars (demo and tests) go to
+S3 (`build-support/s3-log-store`) and its local file system without `chmod` processes
+(`build-support/local-file-system`), each compiled here with the JDK against those jars; and
+Spark's Kafka source for the live stream. The Kafka broker's own jars (demo and tests) go to
 `.spark-jars/kafka-broker/`, off the session's classpath (`sources/kafka_broker.py`).
 
 Kept apart from the session resource: this is a build step (Maven, javac, a temporary
@@ -26,6 +27,7 @@ from pathlib import Path
 import pyspark
 
 from backfill_platform.resources.spark import (
+    LOCAL_FS_JAR,
     LOG_STORE_JAR,
     REPO_ROOT,
     SparkSessionResource,
@@ -38,6 +40,7 @@ S3_JARS_POM = BUILD_SUPPORT / "s3-jars.pom.xml"
 KAFKA_SPARK_POM = BUILD_SUPPORT / "kafka-spark.pom.xml"
 KAFKA_BROKER_POM = BUILD_SUPPORT / "kafka-broker.pom.xml"
 LOG_STORE_SOURCES = BUILD_SUPPORT / "s3-log-store" / "src"
+LOCAL_FS_SOURCES = BUILD_SUPPORT / "local-file-system" / "src"
 # Only these groups are kept: everything else they depend on ships with pyspark, and a
 # second copy of Jackson, Netty or Parquet on the classpath breaks Spark.
 DELTA_GROUPS = "io.delta"
@@ -81,16 +84,17 @@ def _maven_copy(pom: Path, groups: str, target: Path, artifacts: str = "") -> No
             shutil.copy2(jar, target / jar.name)
 
 
-def build_log_store(target: Path) -> Path:
-    """Compile the S3 commit log store against pyspark's Hadoop and Delta's storage jar."""
+def build_classes(sources: Path, jar_name: str, target: Path) -> Path:
+    """Compile the project's Java classes under `sources` into `target/jar_name`, against
+    pyspark's Hadoop and the Delta and S3A jars already in `target`."""
     pyspark_jars = Path(pyspark.__file__).parent / "jars"
     classpath = [f"{pyspark_jars}/*", *map(str, target.glob("delta-storage-*.jar"))]
     classpath += map(str, target.glob("hadoop-aws-*.jar"))
-    sources = sorted(str(p) for p in LOG_STORE_SOURCES.rglob("*.java"))
-    jar = target / LOG_STORE_JAR
+    files = sorted(str(p) for p in sources.rglob("*.java"))
+    jar = target / jar_name
     with tempfile.TemporaryDirectory() as classes:
         subprocess.run(
-            ["javac", "--release", "17", "-d", classes, "-cp", ":".join(classpath), *sources],
+            ["javac", "--release", "17", "-d", classes, "-cp", ":".join(classpath), *files],
             check=True,
         )
         with zipfile.ZipFile(jar, "w") as archive:
@@ -110,10 +114,11 @@ def fetch_jars(target: Path | None = None) -> list[Path]:
         _maven_copy(KAFKA_SPARK_POM, "", target, KAFKA_SPARK_ARTIFACTS)
     if not any((target / KAFKA_BROKER_DIR).glob("kafka_2.13-*.jar")):
         _maven_copy(KAFKA_BROKER_POM, "", target / KAFKA_BROKER_DIR)
-    sources = list(LOG_STORE_SOURCES.rglob("*.java"))
-    jar = target / LOG_STORE_JAR
-    if not jar.exists() or jar.stat().st_mtime < max(p.stat().st_mtime for p in sources):
-        build_log_store(target)
+    for sources, name in ((LOG_STORE_SOURCES, LOG_STORE_JAR), (LOCAL_FS_SOURCES, LOCAL_FS_JAR)):
+        jar = target / name
+        newest = max(p.stat().st_mtime for p in sources.rglob("*.java"))
+        if not jar.exists() or jar.stat().st_mtime < newest:
+            build_classes(sources, name, target)
     return sorted(target.glob("*.jar"))
 
 

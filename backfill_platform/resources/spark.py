@@ -27,6 +27,11 @@ LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 # docs/object-storage.md).
 LOG_STORE_JAR = "backfill-s3-log-store.jar"
 S3_LOG_STORE = "backfill_platform.S3ConditionalLogStore"
+# Hadoop's local file system without a `chmod` process per file and folder it creates
+# (build-support/local-file-system, docs/performance.md).
+LOCAL_FS_JAR = "backfill-local-fs.jar"
+LOCAL_FS = "backfill_platform.NioLocalFileSystem"
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
 def spark_jars_dir() -> Path:
@@ -156,7 +161,28 @@ class SparkSessionResource(ConfigurableResource):
             "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
         }
         conf.update(self.s3_config())
+        local_fs = self.local_fs_config()
+        conf.update(local_fs)
         conf.update(self.extra_conf)
+        if DRIVER_CLASS_PATH in local_fs and DRIVER_CLASS_PATH in self.extra_conf:
+            conf[DRIVER_CLASS_PATH] = (
+                f"{local_fs[DRIVER_CLASS_PATH]}:{self.extra_conf[DRIVER_CLASS_PATH]}"
+            )
+        return conf
+
+    def local_fs_config(self) -> dict[str, str]:
+        """`file://` paths through `NioLocalFileSystem` in a local session, whose tasks run
+        in the driver: a run writing a table's 1,096 daily partitions spawned 2,343 `chmod`
+        processes with Hadoop's own. Its jar goes on the driver's class path, where Hadoop
+        looks from the JVM's start (spark-submit reads files before `spark.jars` are
+        loaded); in every session, so the tests' class-data archive matches any driver. A
+        cluster's executors keep Hadoop's file system. Nothing is set without the jar."""
+        jar = spark_jars_dir() / LOCAL_FS_JAR
+        if not jar.exists():
+            return {}
+        conf = {DRIVER_CLASS_PATH: str(jar)}
+        if self.master.startswith("local"):
+            conf["spark.hadoop.fs.file.impl"] = LOCAL_FS
         return conf
 
     def s3_config(self) -> dict[str, str]:
