@@ -10,9 +10,17 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # is set (`telemetry: enabled: false` in dagster.yaml does not stop them): off in everything
 # the Makefile starts.
 export DAGSTER_DISABLE_TELEMETRY ?= 1
-# DAGSTER_STORAGE=postgres installs deploy/dagster-postgres.yaml (connection from DAGSTER_PG_*).
-DAGSTER_STORAGE ?= sqlite
+# Dagster's instance for `make demo`, `ui` and `cli`. local-postgres (default): a PostgreSQL
+# server of the demo's own in POSTGRES_DATA, on a Unix socket only, started when missing and
+# left running (`make postgres-stop`); a run's events cost a sixth of SQLite's there
+# (docs/performance.md "Dagster's events on PostgreSQL"). sqlite: files in DAGSTER_HOME
+# (deploy/dagster.yaml). postgres: deploy/dagster-postgres.yaml, a server from DAGSTER_PG_*.
+DAGSTER_STORAGE ?= local-postgres
 DAGSTER_YAML ?= deploy/$(if $(filter postgres,$(DAGSTER_STORAGE)),dagster-postgres,dagster).yaml
+LOCAL_POSTGRES = $(if $(filter local-postgres,$(DAGSTER_STORAGE)),postgres-start)
+# Dagster writes a step's per-partition events in one call where the storage can (PostgreSQL);
+# also in the webserver's and daemon's runs.
+export DAGSTER_EVENT_BATCH_SIZE ?= 1000
 
 # Demo scale: three years at a modest size (override: make demo ORDERS_PER_DAY=300, or a
 # quick one: make demo DEMO_START=2025-10-01 DEMO_END=2025-12-31 ORDERS_PER_DAY=20).
@@ -54,11 +62,13 @@ endif
 # this token unless BACKFILL_CRM_URL points at another CRM.
 export BACKFILL_CRM_TOKEN ?= demo-crm-token
 CRM_DATA = $(dir $(LANDING))crm
+POSTGRES_DATA ?= $(dir $(LANDING))postgres
 
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
+.PHONY: postgres-deps postgres-start postgres-stop
 .PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
@@ -86,9 +96,21 @@ CDS := .spark-jars/cds/spark-tests.jsa
 $(CDS): $(JARS) backfill_platform_tests/spark_jvm.py backfill_platform_tests/spark-conf/spark-defaults.conf
 	@$(PY) -m backfill_platform_tests.spark_jvm
 
-dagster-home:
+dagster-home: $(LOCAL_POSTGRES)
+ifneq ($(DAGSTER_STORAGE),local-postgres)
 	@mkdir -p $(DAGSTER_HOME)
 	@cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
+endif
+
+# The demo's PostgreSQL server (DAGSTER_STORAGE=local-postgres): started when not running,
+# DAGSTER_HOME's dagster.yaml pointed at it. One line when it starts, none when it runs.
+postgres-start: install postgres-deps
+	@$(PY) -m backfill_platform.sources.postgres_server start --data $(POSTGRES_DATA) \
+		--dagster-home $(DAGSTER_HOME)
+
+postgres-stop:
+	@if [ -x $(PY) ]; then $(PY) -m backfill_platform.sources.postgres_server stop \
+		--data $(POSTGRES_DATA); fi
 
 # Prints the log file's path first, a progress bar and a short summary (under 60 lines).
 demo: install dagster-home $(STREAM_BROKER)
@@ -104,7 +126,7 @@ deliver-day: install
 
 # The operator command without activating the venv, with the partitions `make ui` uses:
 # make cli ARGS="plan --select marts/fct_daily_revenue --start 2025-01-01 --end 2025-01-31"
-cli: install
+cli: install $(LOCAL_POSTGRES)
 	@BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(PARTITIONS_LAST) \
 		$(VENV)/bin/backfill-platform $(ARGS)
 
@@ -131,8 +153,8 @@ E2E_DEBS := chromium chromium-driver postgresql
 # The reliability suites need a PostgreSQL server (fault trials with real services).
 RELIABILITY_DEBS := postgresql
 e2e-deps: DEBS = $(E2E_DEBS)
-reliability-deps: DEBS = $(RELIABILITY_DEBS)
-e2e-deps reliability-deps:
+reliability-deps postgres-deps: DEBS = $(RELIABILITY_DEBS)
+e2e-deps reliability-deps postgres-deps:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
@@ -257,10 +279,10 @@ produce: install
 		--orders $(STREAM_ORDERS) --first-order $(STREAM_FIRST) --rate $(STREAM_RATE) \
 		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
 
-stream-catch-up: install
+stream-catch-up: install $(LOCAL_POSTGRES)
 	@$(VENV)/bin/backfill-platform stream catch-up
 
-stream-status: install
+stream-status: install $(LOCAL_POSTGRES)
 	@$(VENV)/bin/backfill-platform stream status
 
 # The UI tour's screenshots (docs/tour.md) from the last `make e2e` browser journey.
@@ -277,5 +299,5 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-clean-data:
+clean-data: postgres-stop
 	rm -rf data $(DAGSTER_HOME)

@@ -124,6 +124,7 @@ from backfill_platform.runner import (
     InProcessExecutor,
     RunReport,
     observing,
+    recording_instance,
     run_range,
     run_work,
 )
@@ -328,7 +329,7 @@ class Session:
 
     @cached_property
     def instance(self) -> DagsterInstance:
-        return DagsterInstance.get()
+        return recording_instance()
 
     @property
     def lake(self):

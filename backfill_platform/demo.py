@@ -45,7 +45,7 @@ from backfill_platform.reconcile import (
     reconcile_segments,
 )
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
-from backfill_platform.runner import InProcessExecutor, observing, run_range
+from backfill_platform.runner import InProcessExecutor, observing, recording_instance, run_range
 from backfill_platform.settings import LAKEHOUSE_DIR, LANDING_DIR, SettingError, setting
 from backfill_platform.sources.crm_data import generate_crm
 from backfill_platform.sources.crm_process import demo_crm
@@ -166,7 +166,7 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
             f"CRM data {shown(crm_data)}: {made['known']:,} customers known, "
             f"{made['unknown']} unknown to it"
         )
-    instance = DagsterInstance.get()
+    instance = recording_instance()
     lineage = Lineage(all_assets)
     with demo_crm(crm_data, log=log_dir() / "crm_requests.jsonl") as crm:
         resources = build_resources(str(landing), str(lakehouse))

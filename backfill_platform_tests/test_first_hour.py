@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from datetime import date, timedelta
@@ -42,6 +43,14 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+def _postgres_data() -> str:
+    """A folder for the demo's PostgreSQL server that its user can reach when the tests run
+    as root (pytest's tmp_path is private to root)."""
+    root = Path(tempfile.mkdtemp(prefix="first-hour-pg-"))
+    root.chmod(0o755)
+    return str(root / "postgres")
 
 
 def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
@@ -128,6 +137,7 @@ def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
         tmp_path,
         DAGSTER_HOME=str(tmp_path / "home"),
         BACKFILL_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+        POSTGRES_DATA=_postgres_data(),
     )
     demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5", "STREAM=on"]
     try:
@@ -135,6 +145,8 @@ def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
     finally:
         stopped = _make(env, "kafka-stop")
         assert stopped.stdout.startswith("broker from "), stopped.stdout + stopped.stderr
+        stopped = _make(env, "postgres-stop")
+        assert stopped.stdout.strip().endswith(" stopped"), stopped.stdout + stopped.stderr
 
 
 def _demo_then_refused_then_a_delivered_day(env: dict[str, str], demo: list[str]) -> None:
@@ -142,10 +154,13 @@ def _demo_then_refused_then_a_delivered_day(env: dict[str, str], demo: list[str]
     lines = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(lines) < 60
-    # make kafka-start's line, then the demo's log file
-    assert result.stdout.startswith(f"broker at {env['BACKFILL_KAFKA_BOOTSTRAP']}, topic orders")
-    log = Path(LOG_LINE.match(result.stdout.splitlines()[1]).group(1))
+    # the instance's PostgreSQL server, make kafka-start's line, then the demo's log file
+    started, broker, log_line = result.stdout.splitlines()[:3]
+    assert started.startswith(f"Dagster's instance: PostgreSQL in {env['POSTGRES_DATA']}, started")
+    assert broker.startswith(f"broker at {env['BACKFILL_KAFKA_BOOTSTRAP']}, topic orders")
+    log = Path(LOG_LINE.match(log_line).group(1))
     assert log.is_file() and log.parent == Path(env["DAGSTER_HOME"]) / "backfill-logs"
+    assert "postgres_url" in (Path(env["DAGSTER_HOME"]) / "dagster.yaml").read_text()
     assert "RUN_SUCCESS" in log.read_text()  # Dagster's events are in the file ...
     assert "RUN_SUCCESS" not in result.stdout + result.stderr  # ... and not on the terminal
     assert "Warning" not in result.stdout + result.stderr
@@ -213,6 +228,7 @@ def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_p
         DAGSTER_HOME=str(home),
         BACKFILL_START_DATE="2024-01-01",
         BACKFILL_CRM_URL=session_crm.url,
+        POSTGRES_DATA=_postgres_data(),
     )
     env.pop("DAGSTER_DISABLE_TELEMETRY", None)  # the Makefile must set it itself
     history = _cli(env, "history", "--start", "2024-01-01", "--end", "2024-01-02")
@@ -238,6 +254,7 @@ def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_p
         assert len(dagster) >= 3  # dagster dev, its webserver and daemon (and code servers)
         for process in dagster:
             assert process.environ().get("DAGSTER_DISABLE_TELEMETRY") == "1", process.cmdline()
+            assert process.environ().get("DAGSTER_EVENT_BATCH_SIZE") == "1000"
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=120)
         _, alive = psutil.wait_procs(started, timeout=90)
@@ -248,6 +265,7 @@ def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_p
                 process.kill()
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
+        _make(env, "postgres-stop")  # started by `make ui`, left running for the next command
     assert log.is_file()  # every log path printed earlier still points at its file
     assert not (home / ".logs_queue").exists()
 

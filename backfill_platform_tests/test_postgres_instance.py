@@ -1,0 +1,114 @@
+"""The demo's Dagster instance on a PostgreSQL server of its own (`make postgres-start`), and
+`runner.recording_instance`, which makes a process's runs write their events through one
+pooled connection, batched: a real server from Debian's package on a Unix socket, real
+Dagster runs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import closing
+from pathlib import Path
+
+import psycopg2
+import pytest
+from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset
+
+from backfill_platform.runner import (
+    EVENT_BATCH_ENV,
+    materialize_range,
+    recording_instance,
+)
+from backfill_platform.sources import postgres_server
+from backfill_platform.sources.postgres_server import PostgresServerError
+
+DAYS = DailyPartitionsDefinition(start_date="2024-01-01")
+PARTITIONS = 60
+
+
+@asset(partitions_def=DAYS, key=AssetKey(["calibration", "events"]))
+def events() -> None:
+    return None
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A started server in a folder the server's user can reach (pytest's tmp is private
+    to root when the tests run as root)."""
+    root = Path(tempfile.mkdtemp(prefix="demo-pg-"))
+    root.chmod(0o755)
+    data = root / "postgres"
+    assert postgres_server.start(data) is True
+    try:
+        yield data
+    finally:
+        postgres_server.stop(data)
+
+
+def _query(data: Path, sql: str):
+    """The first value of `sql`'s first row, on a connection of its own to the server."""
+    connection = psycopg2.connect(host=str(data), port=postgres_server.PORT, user="dagster")
+    with closing(connection), connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone()[0]
+
+
+def _sessions(data: Path) -> int:
+    """Connections opened to the instance's database so far (the server's own count)."""
+    return _query(data, "SELECT sessions FROM pg_stat_database WHERE datname = 'dagster'")
+
+
+def _instance(data: Path, home: Path) -> DagsterInstance:
+    postgres_server.write_dagster_yaml(home, data)
+    return DagsterInstance.from_config(str(home))
+
+
+def _range_run(instance: DagsterInstance, data: Path) -> int:
+    """One ranged run over PARTITIONS days; the connections it opened."""
+    keys = DAYS.get_partition_keys()[:PARTITIONS]
+    before = _sessions(data)
+    result = materialize_range([events], keys[0], keys[-1], {}, instance)
+    assert result.success
+    return _sessions(data) - before - 1  # not _query's own
+
+
+def test_started_once_and_the_yaml_keeps_deploy_settings(server, tmp_path):
+    assert postgres_server.start(server) is False  # running: left as it is
+    yaml = postgres_server.write_dagster_yaml(tmp_path / "home", server).read_text()
+    assert f"host={server}&port=5432" in yaml and "password" not in yaml
+    deploy = (Path(__file__).parents[1] / "deploy" / "dagster.yaml").read_text()
+    assert yaml.endswith(deploy)  # queue, pools and retries exactly as deployed
+    assert _query(server, "SHOW listen_addresses") == ""  # the socket in its folder only
+    assert _query(server, "SHOW synchronous_commit") == "off"
+
+
+def test_a_recording_instance_writes_a_run_through_one_pooled_connection(
+    server, tmp_path, monkeypatch
+):
+    """The same 60-partition run: Dagster's default opens connections per statement, the
+    recording instance a handful; every planned and materialized partition is recorded."""
+    monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)
+    plain = _instance(server, tmp_path / "plain")
+    opened_plain = _range_run(plain, server)
+
+    tuned = recording_instance(_instance(server, tmp_path / "tuned"))
+    assert os.environ[EVENT_BATCH_ENV] == "1000"
+    opened_tuned = _range_run(tuned, server)
+
+    assert opened_plain > 2 * PARTITIONS, opened_plain
+    assert opened_tuned <= 6, opened_tuned
+    partitions = tuned.get_materialized_partitions(events.key)
+    assert partitions == set(DAYS.get_partition_keys()[:PARTITIONS])
+    record = tuned.get_latest_materialization_event(events.key)
+    assert record.dagster_event.partition == DAYS.get_partition_keys()[PARTITIONS - 1]
+
+
+def test_a_private_folder_is_refused_untouched(tmp_path):
+    """A folder the server's user cannot reach is refused before anything is made in it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root hands the folder to another user")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(PostgresServerError, match=f"cannot reach {private}"):
+        postgres_server.start(private / "postgres")
+    assert list(private.iterdir()) == []
