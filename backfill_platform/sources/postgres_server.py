@@ -83,17 +83,17 @@ def running(data: Path) -> bool:
     return status.returncode == 0
 
 
-def instance_url(data: Path) -> str:
-    """SQLAlchemy's URL of the server's database, through its socket folder."""
+def instance_url(data: Path, database: str = DATABASE) -> str:
+    """SQLAlchemy's URL of a database of the server, through its socket folder."""
     socket_dir = quote(str(data.resolve()), safe="/")
-    return f"postgresql+psycopg2://{USER}@/{DATABASE}?host={socket_dir}&port={PORT}"
+    return f"postgresql+psycopg2://{USER}@/{database}?host={socket_dir}&port={PORT}"
 
 
 def start(data: Path) -> bool:
     """Start the server of `data` (created on first use); False if it was running already."""
     data = data.resolve()
     if running(data):
-        _create_database(data)
+        create_database(data)
         return False
     bin_dir = server_bin()
     if os.geteuid() == 0:
@@ -118,18 +118,21 @@ def start(data: Path) -> bool:
     )
     pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(cluster), "-o", options]
     _run([*pg_ctl, "-l", str(data / LOG_FILE), "-w", "-t", str(TIMEOUT_SECONDS), "start"])
-    _create_database(data)
+    create_database(data)
     return True
 
 
-def _create_database(data: Path) -> None:
+def create_database(data: Path, database: str = DATABASE) -> None:
+    """The database, unless it exists (a name of letters, digits and underscores)."""
+    if not database.replace("_", "").isalnum():
+        raise PostgresServerError(f"database name {database!r}: letters, digits and _ only")
     # closing(): psycopg2's own context manager opens a transaction, where CREATE DATABASE fails
     with closing(psycopg2.connect(host=str(data), port=PORT, user=USER, dbname="postgres")) as conn:
         conn.autocommit = True
         with conn.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
             if cursor.fetchone() is None:
-                cursor.execute(f"CREATE DATABASE {DATABASE}")
+                cursor.execute(f"CREATE DATABASE {database}")
 
 
 def stop(data: Path) -> bool:
@@ -141,15 +144,16 @@ def stop(data: Path) -> bool:
     return True
 
 
-def write_dagster_yaml(home: Path, data: Path) -> Path:
-    """DAGSTER_HOME's dagster.yaml: this server's storage, then everything else exactly as
-    `deploy/dagster.yaml` (its queue, pools and retries)."""
+def write_dagster_yaml(home: Path, data: Path, database: str = DATABASE) -> Path:
+    """DAGSTER_HOME's dagster.yaml: a database of this server (created if missing) as its
+    storage, then everything else exactly as `deploy/dagster.yaml` (queue, pools, retries)."""
+    create_database(data, database)
     home.mkdir(parents=True, exist_ok=True)
     storage = (
         "# Written by `make postgres-start` (backfill_platform/sources/postgres_server.py):\n"
         "# the demo's PostgreSQL server; the rest is deploy/dagster.yaml.\n"
         "storage:\n  postgres:\n"
-        f'    postgres_url: "{instance_url(data)}"\n\n'
+        f'    postgres_url: "{instance_url(data, database)}"\n\n'
     )
     target = home / "dagster.yaml"
     target.write_text(storage + INSTANCE_YAML.read_text())
