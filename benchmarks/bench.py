@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from datetime import UTC, date, datetime, timedelta
@@ -62,7 +63,7 @@ TARGETS = {
     # its data; the Spark jobs of one live cycle (the new day's raw run, then the window's
     # downstream run; counted from Spark's event log, so None when the session keeps none);
     # what the asset checks add to the backfill; Dagster's per-partition events (priced on
-    # deploy/dagster.yaml's storage) as a share of the backfill with checks.
+    # the instances' storage, --dagster-storage) as a share of the backfill with checks.
     "fixed_cost_per_run_seconds": ("<=", 3.0),
     "live_cycle_spark_jobs": ("<=", 20),
     "checks_added_share": ("<=", 0.15),
@@ -101,6 +102,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the demo CRM's rate limit (and the client's) during the benchmark; the time "
         "at the default 20/s is computed from the calls. At 500/s (backfill share 375/s) the "
         "~30,000 customers of the default scale alone took 80 s of every full backfill",
+    )
+    parser.add_argument(
+        "--dagster-storage",
+        choices=("local-postgres", "sqlite"),
+        default="local-postgres",
+        help="the instances' storage: a PostgreSQL server of the bench's own, written through "
+        "runner.recording_instance as `make demo` writes (default), or SQLite files "
+        "(deploy/dagster.yaml)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--keep-work", action="store_true", help="keep generated data")
@@ -159,6 +168,7 @@ class Bench:
         self.events = work / "spark-events"
         self.cold = not args.no_cold and args.cold_sample > 0
         self.progress = None  # the RunProgress `main` shows; its bars carry the phase's name
+        self.postgres: Path | None = None  # the local server's data (--dagster-storage)
 
     # -- set-up ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -181,6 +191,8 @@ class Bench:
             summary = self._generate(self.landing, args.days + 1, args.orders_per_day)
 
         self.crm_summary = self._start_crm() if self.uses_crm else {}
+        if args.dagster_storage == "local-postgres":
+            self._start_postgres()
         self.events.mkdir()
         with stopwatch(self.seconds, "session_start"):
             self.spark_resource = self._spark_resource()
@@ -198,6 +210,8 @@ class Bench:
         finally:
             if self.uses_crm:
                 self._stop_crm()
+            if self.postgres is not None:
+                self._stop_postgres()
         result["load_average"] = {"start": load_start, "end": load_average()}
         return result
 
@@ -272,18 +286,47 @@ class Bench:
             },
         )
 
-    def _platform(self, name: str):
-        """A fresh lakehouse and Dagster instance (deploy/dagster.yaml, SQLite on disk)."""
-        from dagster import DagsterInstance
+    def _start_postgres(self) -> None:
+        """The instances' PostgreSQL server, in a folder of its own its user can reach when
+        the bench runs as root (a test's --out is private to root)."""
+        from backfill_platform.sources import postgres_server
 
-        from backfill_platform.definitions import build_resources
+        root = Path(tempfile.mkdtemp(prefix="bench-postgres-"))
+        root.chmod(0o755)
+        self.postgres = root / "postgres"
+        postgres_server.start(self.postgres)
+
+    def _stop_postgres(self) -> None:
+        from backfill_platform.sources import postgres_server
+
+        postgres_server.stop(self.postgres)
+        shutil.rmtree(self.postgres.parent, ignore_errors=True)
+
+    def _dagster_home(self, name: str) -> Path:
+        """A new instance's DAGSTER_HOME: a database of the bench's PostgreSQL server, or
+        SQLite files (deploy/dagster.yaml)."""
+        from backfill_platform.sources import postgres_server
 
         home = self.work / name / "dagster_home"
         home.mkdir(parents=True)
-        shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+        if self.postgres is None:
+            shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+        else:
+            postgres_server.write_dagster_yaml(home, self.postgres, database=name)
+        return home
+
+    def _platform(self, name: str):
+        """A fresh lakehouse and Dagster instance, written to as `make demo` writes."""
+        from dagster import DagsterInstance
+
+        from backfill_platform.definitions import build_resources
+        from backfill_platform.runner import recording_instance
+
+        home = self._dagster_home(name)
         lakehouse = self.work / name / "lakehouse"
         resources = build_resources(str(self.landing), str(lakehouse), spark=self.spark_resource)
-        return resources, DagsterInstance.from_config(str(home)), home, lakehouse
+        instance = recording_instance(DagsterInstance.from_config(str(home)))
+        return resources, instance, home, lakehouse
 
     def _warm_up(self) -> None:
         """Both contenders share one JVM: run each once over a few days first, so neither
@@ -465,7 +508,7 @@ class Bench:
             warm.append(self.seconds[f"rolling_window_warm_{i + 1}"])
         files = files_per_partition(lake)
         # Dagster's event log: the events each backfill wrote, priced on the same storage.
-        _say("pricing Dagster's event log on deploy/dagster.yaml ...")
+        _say(f"pricing Dagster's event log on {self.args.dagster_storage} ...")
         instances = {
             "platform": instance,
             "rerun": instance,
@@ -478,7 +521,10 @@ class Bench:
                 name: dagster_events.events_of(inst, [r.run_id for r in runs[name]])
                 for name, inst in instances.items()
             },
-            dagster_events.price(REPO / "deploy" / "dagster.yaml"),
+            {
+                **dagster_events.price(self._dagster_home("dagster_events_price")),
+                "storage": self.args.dagster_storage,
+            },
         )
 
         scaling = self._scaling(n, raw_rows, runs)

@@ -5,15 +5,14 @@ A ranged run writes one ASSET_MATERIALIZATION_PLANNED and one ASSET_MATERIALIZAT
 asset and partition (Dagster's own, so the UI can show every partition's status), and the
 platform's checks one ASSET_CHECK_EVALUATION per check and partition plus one
 ASSET_OBSERVATION per partition of the reconciliation metrics (docs/checks.md). Each is a
-write to the instance's storage; on the SQLite storage of `deploy/dagster.yaml` a write
-opens its own database connections. The price is measured with a trivial asset and check,
-no Spark, so it holds Dagster's cost alone.
+write to the instance's storage: on the SQLite storage of `deploy/dagster.yaml` a write
+opens its own database connections, on the bench's PostgreSQL (`runner.recording_instance`)
+one pooled connection takes a step's events in one batch. The price is measured with a
+trivial asset and check, no Spark, so it holds Dagster's cost alone.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -43,10 +42,11 @@ def events_of(instance, run_ids: Iterable[str]) -> dict[str, int]:
     }
 
 
-def price(dagster_yaml: Path, partitions: int = 92, repeat: int = 2) -> dict[str, float]:
+def price(dagster_home: Path, partitions: int = 92, repeat: int = 2) -> dict[str, float]:
     """Milliseconds per materialized partition (its planned and materialization events) and
-    per check evaluation, on a new instance made from `dagster_yaml`: the slope between a
-    one-partition and a `partitions`-partition run, best of `repeat`."""
+    per check evaluation, on a new instance in `dagster_home` (written to as the bench's
+    instances are, `runner.recording_instance`): the slope between a one-partition and a
+    `partitions`-partition run, best of `repeat`."""
     from dagster import (
         AssetCheckEvaluation,
         AssetKey,
@@ -76,10 +76,10 @@ def price(dagster_yaml: Path, partitions: int = 92, repeat: int = 2) -> dict[str
             )
         yield Output(None)
 
-    home = Path(tempfile.mkdtemp(prefix="bench-dagster-events-"))
+    from backfill_platform.runner import recording_instance
+
+    instance = recording_instance(DagsterInstance.from_config(str(dagster_home)))
     try:
-        shutil.copy(dagster_yaml, home / "dagster.yaml")
-        instance = DagsterInstance.from_config(str(home))
 
         def best(assets: list, count: int) -> float:
             last = days.get_partition_keys()[count - 1]
@@ -97,7 +97,7 @@ def price(dagster_yaml: Path, partitions: int = 92, repeat: int = 2) -> dict[str
         one, many = best([events], 1), best([events], partitions)
         checked = best([events, one_per_partition], partitions)
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        instance.dispose()
     per_partition = (many - one) / (partitions - 1) * 1000
     return {
         "ms_per_materialized_partition": round(per_partition, 2),

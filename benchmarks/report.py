@@ -291,7 +291,8 @@ def _dagster_events(events: dict | None, sec: dict[str, Any]) -> list[str]:
         return []
     price = events["price"]
     lines = [
-        f"Dagster's event log, priced on deploy/dagster.yaml's storage in this session: "
+        f"Dagster's event log, priced on the instances' storage "
+        f"({price.get('storage', 'sqlite')}) in this session: "
         f"{price['ms_per_event']} ms per asset event (planned, materialization, "
         f"observation), {price['ms_per_check_evaluation']} ms per check evaluation.",
         "",
