@@ -52,6 +52,7 @@ from functools import cached_property
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance
+from dagster_postgres.utils import DagsterPostgresException
 
 from backfill_platform.automation.freeze import (
     FreezeRefused,
@@ -329,7 +330,13 @@ class Session:
 
     @cached_property
     def instance(self) -> DagsterInstance:
-        return recording_instance()
+        try:
+            return recording_instance()
+        except DagsterPostgresException as error:
+            raise SettingError(
+                f"DAGSTER_HOME={dagster_home()}: its PostgreSQL storage does not answer "
+                f"({error}); `make postgres-start` starts the demo's server"
+            ) from error
 
     @property
     def lake(self):

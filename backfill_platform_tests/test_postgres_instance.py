@@ -6,6 +6,8 @@ Dagster runs."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from contextlib import closing
 from pathlib import Path
@@ -112,3 +114,28 @@ def test_a_private_folder_is_refused_untouched(tmp_path):
     with pytest.raises(PostgresServerError, match=f"cannot reach {private}"):
         postgres_server.start(private / "postgres")
     assert list(private.iterdir()) == []
+
+
+def test_the_cli_refuses_in_one_line_when_the_server_is_down(tmp_path):
+    """After a reboot the demo's server is not running: the CLI says so and how to start it
+    (after Dagster's own connection retries), not a traceback."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "storage:\n  postgres:\n"
+        f'    postgres_url: "{postgres_server.instance_url(tmp_path / "no-server")}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "BACKFILL_"))}
+    env.update(DAGSTER_HOME=str(home), BACKFILL_LAKEHOUSE_DIR=str(tmp_path / "lakehouse"))
+    result = subprocess.run(
+        [sys.executable, "-m", "backfill_platform", "unfreeze", "--reason", "r"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    (refused,) = result.stdout.splitlines()  # stderr: the log file's line
+    assert refused.startswith(f"Refused: DAGSTER_HOME={home}: its PostgreSQL storage does not")
+    assert "make postgres-start" in refused
+    assert result.stderr.startswith("log: ") and len(result.stderr.splitlines()) == 1
