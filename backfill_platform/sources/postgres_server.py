@@ -15,7 +15,9 @@ started as root (the server refuses root). It listens on a Unix socket in its da
 only: no TCP port to collide with and no password to keep, since only who may open the
 folder may connect. `synchronous_commit=off` because the instance is a demo's: a crash may
 lose the last few events' commits, never corrupt the database. Started when missing, left
-running for the next command; its log is `<data>/postgres.log`.
+running for the next command; its log is `<data>/postgres.log`. By hand around `initdb`
+and `pg_ctl` because no library runs Debian's server as a throwaway local instance (the
+tests' servers are started the same way).
 """
 
 from __future__ import annotations
