@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import date, timedelta
@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.automation.landing_sensor import landing_sensor
 from backfill_platform.definitions import build_resources
+from backfill_platform.sources import postgres_server
 from backfill_platform.sources.generate import deliver_next_day, generate_landing
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform_tests.harness import spark_resource_for_tests
@@ -45,12 +46,13 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _postgres_data() -> str:
+@pytest.fixture
+def postgres_data():
     """A folder for the demo's PostgreSQL server that its user can reach when the tests run
-    as root (pytest's tmp_path is private to root)."""
-    root = Path(tempfile.mkdtemp(prefix="first-hour-pg-"))
-    root.chmod(0o755)
-    return str(root / "postgres")
+    as root (pytest's tmp_path is private to root), removed afterwards."""
+    data = postgres_server.scratch_data("first-hour-pg-")
+    yield str(data)
+    shutil.rmtree(data.parent, ignore_errors=True)
 
 
 def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
@@ -126,7 +128,7 @@ def test_cli_without_dagster_home_uses_the_repositorys_and_logs_to_a_file(tmp_pa
 
 
 @pytest.mark.slow
-def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
+def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path, postgres_data):
     """`make demo` with the Makefile's overrides and the live stream on: the partitions start
     where the demo's data does and end at the stream's last day, so it reconciles; the log
     file's path comes first; the broker is started, the shop's messages are streamed into
@@ -137,7 +139,7 @@ def test_demo_with_overrides_reconciles_in_under_60_lines(tmp_path):
         tmp_path,
         DAGSTER_HOME=str(tmp_path / "home"),
         BACKFILL_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
-        POSTGRES_DATA=_postgres_data(),
+        POSTGRES_DATA=postgres_data,
     )
     demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5", "STREAM=on"]
     try:
@@ -216,7 +218,9 @@ def test_a_delivered_day_is_requested_by_the_landing_sensor_and_ingested(tmp_pat
 
 
 @pytest.mark.slow
-def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_path, session_crm):
+def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(
+    tmp_path, session_crm, postgres_data
+):
     """Dagster's webserver and daemon take DAGSTER_HOME/logs as their telemetry queue and move
     it away on start: the commands' logs live elsewhere, telemetry is off in every process
     `make ui` starts, and a SIGTERM to its process group (started in the background, as a
@@ -228,7 +232,7 @@ def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(tmp_p
         DAGSTER_HOME=str(home),
         BACKFILL_START_DATE="2024-01-01",
         BACKFILL_CRM_URL=session_crm.url,
-        POSTGRES_DATA=_postgres_data(),
+        POSTGRES_DATA=postgres_data,
     )
     env.pop("DAGSTER_DISABLE_TELEMETRY", None)  # the Makefile must set it itself
     history = _cli(env, "history", "--start", "2024-01-01", "--end", "2024-01-02")

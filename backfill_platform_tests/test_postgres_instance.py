@@ -6,9 +6,9 @@ Dagster runs."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from contextlib import closing
 from pathlib import Path
 
@@ -36,15 +36,14 @@ def events() -> None:
 @pytest.fixture(scope="module")
 def server():
     """A started server in a folder the server's user can reach (pytest's tmp is private
-    to root when the tests run as root)."""
-    root = Path(tempfile.mkdtemp(prefix="demo-pg-"))
-    root.chmod(0o755)
-    data = root / "postgres"
+    to root when the tests run as root), removed afterwards."""
+    data = postgres_server.scratch_data("demo-pg-")
     assert postgres_server.start(data) is True
     try:
         yield data
     finally:
         postgres_server.stop(data)
+        shutil.rmtree(data.parent, ignore_errors=True)
 
 
 def _query(data: Path, sql: str):

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from datetime import UTC, date, datetime, timedelta
@@ -291,9 +290,7 @@ class Bench:
         the bench runs as root (a test's --out is private to root)."""
         from backfill_platform.sources import postgres_server
 
-        root = Path(tempfile.mkdtemp(prefix="bench-postgres-"))
-        root.chmod(0o755)
-        self.postgres = root / "postgres"
+        self.postgres = postgres_server.scratch_data("bench-postgres-")
         postgres_server.start(self.postgres)
 
     def _stop_postgres(self) -> None:

@@ -28,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import closing
 from pathlib import Path
 from urllib.parse import quote
@@ -92,10 +93,10 @@ def instance_url(data: Path, database: str = DATABASE) -> str:
 
 
 def start(data: Path) -> bool:
-    """Start the server of `data` (created on first use); False if it was running already."""
+    """Start the server of `data` (created on first use); False if it was running already.
+    Its databases are made by `write_dagster_yaml`, which names them."""
     data = data.resolve()
     if running(data):
-        create_database(data)
         return False
     bin_dir = server_bin()
     if os.geteuid() == 0:
@@ -120,8 +121,15 @@ def start(data: Path) -> bool:
     )
     pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(cluster), "-o", options]
     _run([*pg_ctl, "-l", str(data / LOG_FILE), "-w", "-t", str(TIMEOUT_SECONDS), "start"])
-    create_database(data)
     return True
+
+
+def scratch_data(prefix: str) -> Path:
+    """A data folder inside a new temporary folder the server's user can reach (the bench's
+    and the tests' servers: a temporary folder is private to its maker, root included)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    return root / "postgres"
 
 
 def create_database(data: Path, database: str = DATABASE) -> None:
