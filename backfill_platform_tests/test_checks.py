@@ -322,6 +322,24 @@ def test_a_wrong_revenue_sum_and_a_broken_ltv_roll_forward_fail(copy):
     assert "1 customer(s) differ, e.g. c3" in evaluations[ltv_check].description
 
 
+@pytest.mark.slow
+def test_a_doubled_or_dropped_ltv_row_fails_the_roll_forward(copy):
+    """Totals that still roll forward customer by customer, but with a snapshot row doubled
+    (day 3) or dropped (day 5): the per-customer join sees nothing, the sums see both."""
+    one = F.col("customer_id") == "c3"
+    _rewrite(copy, CUSTOMER_LTV, "snapshot_date", DAYS[2], lambda df: df.unionByName(df.where(one)))
+    _rewrite(copy, CUSTOMER_LTV, "snapshot_date", DAYS[4], lambda df: df.where(~one))
+    ltv_check = "marts/customer_ltv:rolls_forward_from_previous_day"
+    evaluation = _evaluations(_run_checks(copy, [ltv_check]))[ltv_check]
+    assert _failed(evaluation) == DAYS[2:]
+    doubled = evaluation.of(DAYS[2])
+    assert doubled.metadata["expected"].value.startswith(
+        f"{int(doubled.metadata['actual'].value.split()[0]) - 1} customers"
+    )
+    assert "a snapshot row is doubled, missing or extra" in evaluation.description
+    assert "1 customer(s) differ, e.g. c3" in evaluation.description  # day 5 lost c3
+
+
 # -- quality and skew faults ----------------------------------------------------------------
 @pytest.mark.slow
 def test_null_spike_empty_day_and_hot_key_warn_naming_their_days(copy):
