@@ -32,11 +32,13 @@ from backfill_platform.tables import FCT_DAILY_REVENUE, FCT_REVENUE_BY_SEGMENT, 
 _SHOWN = 10
 
 
-def scd2_problems(versions) -> dict[str, list[str]]:
-    """Problem kind -> customers (at most 10 each) whose versions break SCD2."""
+def scd2_problems(versions) -> tuple[int, dict[str, list[str]]]:
+    """The table's version count, and problem kind -> the first customers (at most 10 each,
+    by id) whose versions break SCD2: one Spark aggregation over the table."""
     following = Window.partitionBy("customer_id").orderBy("valid_from")
     checked = versions.withColumn("_next_from", F.lead("valid_from").over(following))
     per_customer = checked.groupBy("customer_id").agg(
+        F.count(F.lit(1)).alias("versions"),
         F.count(F.when(F.col("valid_from").isNull(), True)).alias("unparseable"),
         (F.count(F.lit(1)) - F.countDistinct("valid_from")).alias("duplicate"),
         F.count(
@@ -54,12 +56,16 @@ def scd2_problems(versions) -> dict[str, list[str]]:
         "gap or overlap": F.col("gap_or_overlap") > 0,
         "not exactly one open version": F.col("open_versions") != 1,
     }
-    found = {}
-    for name, condition in problems.items():
-        bad = [r["customer_id"] for r in per_customer.where(condition).limit(_SHOWN).collect()]
-        if bad:
-            found[name] = bad
-    return found
+    summary = per_customer.agg(
+        F.coalesce(F.sum("versions"), F.lit(0)).alias("versions"),
+        *(
+            F.slice(
+                F.sort_array(F.collect_list(F.when(condition, F.col("customer_id")))), 1, _SHOWN
+            ).alias(name)
+            for name, condition in problems.items()
+        ),
+    ).first()
+    return summary["versions"], {name: summary[name] for name in problems if summary[name]}
 
 
 @asset_check(asset=STAGING_CUSTOMERS, name="scd2_valid", blocking=True)
@@ -69,14 +75,13 @@ def staging_customers_scd2(
     """No overlapping or gapped versions, one open version per customer."""
     if not lakehouse.exists(STAGING_CUSTOMERS):
         return AssetCheckResult(passed=False, description="staging/customers does not exist")
-    versions = lakehouse.read(STAGING_CUSTOMERS)
-    problems = scd2_problems(versions)
+    versions, problems = scd2_problems(lakehouse.read(STAGING_CUSTOMERS))
     return AssetCheckResult(
         passed=not problems,
         severity=AssetCheckSeverity.ERROR,
         description="; ".join(f"{k}: {', '.join(map(repr, v))}" for k, v in problems.items())
         or "every customer's versions chain without gaps and end in one open version",
-        metadata={"versions": versions.count(), "problem_kinds": len(problems)},
+        metadata={"versions": versions, "problem_kinds": len(problems)},
     )
 
 
