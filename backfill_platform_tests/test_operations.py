@@ -594,6 +594,10 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     raw_before, version = full_rows(platform, "raw/orders"), platform.version("raw/orders")
     gone = platform.landing / "orders" / f"ingest_date={DAYS[1]}" / "part-0000.jsonl"
     gone.unlink()
+    # A file of the other day lost its last record; the blank lines it gained are no records.
+    shrunk = platform.landing / "orders" / f"ingest_date={DAYS[0]}" / "part-0000.jsonl"
+    records = shrunk.read_text().splitlines()
+    shrunk.write_text("\n".join([*records[:-1], "", " \t"]) + "\n")
 
     plan = build_plan(
         lake, platform.resources["landing"], None, [RAW_ORDERS], DAYS[0], DAYS[1], lineage=LINEAGE
@@ -612,6 +616,8 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     failure = next(e for e in result.all_events if e.is_step_failure)
     message = failure.step_failure_data.error.message
     assert f"{DAYS[1]} part-0000.jsonl: 4 rows in raw, file gone" in message
+    held = len(records)
+    assert f"{DAYS[0]} part-0000.jsonl: {held} rows in raw, now {held - 1} lines" in message
     assert full_rows(platform, "raw/orders") == raw_before
     assert platform.version("raw/orders") == version
 
@@ -636,7 +642,7 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     assert purge.success
     meta = lake.history("raw/orders", limit=1)[0]["metadata"]
     assert json.loads(meta["source_purge"])["reason"] == "GDPR erasure #7"
-    assert platform.table("raw/orders").count() == 4
+    assert platform.table("raw/orders").count() == held - 1  # day 1 shrunk, day 2 gone
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ through typed run config and recorded in the Delta commit's userMetadata.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 
@@ -65,17 +66,19 @@ def held_rows(
     }
 
 
-def source_losses(
-    key: AssetKey, held: dict[tuple[date, str], int], incoming: DataFrame
-) -> list[SourceLoss]:
-    """Files that raw holds more rows of than the re-ingest delivers, by day and name."""
-    if not held:
-        return []
+def rows_per_file(key: AssetKey, incoming: DataFrame) -> dict[tuple[date, str], int]:
+    """Rows per (day, file name) of a frame with `key`'s day column and `file_name`."""
     day_column = table(key).partition_column
-    delivered = {
+    return {
         (r[day_column], r["file_name"]): r["count"]
         for r in incoming.groupBy(day_column, "file_name").count().collect()
     }
+
+
+def source_losses(
+    held: dict[tuple[date, str], int], delivered: Mapping[tuple[date, str], int]
+) -> list[SourceLoss]:
+    """Files that raw holds more rows of than the re-ingest delivers, by day and name."""
     return [
         SourceLoss(day, name, rows, delivered.get((day, name), 0))
         for (day, name), rows in sorted(held.items())
@@ -88,14 +91,14 @@ def guard_source(
     config: SourcePreservationConfig,
     key: AssetKey,
     held: dict[tuple[date, str], int],
-    incoming: DataFrame,
+    delivered: Mapping[tuple[date, str], int],
 ) -> None:
     """Fail before writing when the re-ingest would lose rows, unless a purge is allowed.
 
-    `held` is `held_rows` of the run's range; `incoming` the rows about to replace them, or
-    any frame with one row per such row and its day and file name (only counted).
+    `held` is `held_rows` of the run's range; `delivered` the rows the re-ingest brings per
+    (day, file name), counted only when `held` has any (a first ingest needs no count).
     """
-    losses = source_losses(key, held, incoming)
+    losses = source_losses(held, delivered)
     if not losses:
         return
     listed = "; ".join(loss.describe() for loss in losses[:20])

@@ -6,7 +6,7 @@ and read through Hadoop's FileSystem in the Spark session (`resources/storage.py
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import date
 from pathlib import Path
 
@@ -98,6 +98,20 @@ class LandingZoneResource(ConfigurableResource):
             for line in data.split(b"\n")
             if (line[:-1] if line.endswith(b"\r") else line).strip(b" \t")
         )
+
+    def records_per_file(
+        self, kind: str, files: Iterable[StoredObject], only: Collection[tuple[date, str]]
+    ) -> dict[tuple[date, str], int]:
+        """`record_count` per (day, file name) of those `files` (as `files` lists them) that
+        `only` names; the day is the file's day folder."""
+        prefix = f"{DAY_FOLDER[kind]}="
+        counted = {}
+        for file in files:
+            folder = file.path.rstrip("/").rsplit("/", 2)[-2]
+            key = (date.fromisoformat(folder.removeprefix(prefix)), file.name)
+            if key in only:
+                counted[key] = self.record_count(file)
+        return counted
 
     def delivered_days(self, kind: str) -> list[str]:
         """Day folders present for `kind` whose name is a real date (others are not deliveries)."""
