@@ -7,11 +7,12 @@ sensors hold the failing partitions (see automation/window_sensor.py).
 """
 
 import json
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Context, Decimal, localcontext
 
 from dagster import AssetCheckExecutionContext, AssetKey, asset_check
 from pyspark.errors import ArithmeticException
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.drift import run_commit
@@ -37,7 +38,12 @@ from backfill_platform.tables import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform.transforms.fx import REACH_DAYS, known_currencies, with_usd
+from backfill_platform.transforms.fx import (
+    REACH_DAYS,
+    known_currencies,
+    point_in_time_rates,
+    with_usd,
+)
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
 from backfill_platform.transforms.revenue import LOCAL_TYPE
 
@@ -48,6 +54,8 @@ Equation = tuple[CheckOutcome, dict[str, dict[str, float | int]]]
 # DECIMAL(30,10) revenue as a DECIMAL(7,0) so the product is an exact DECIMAL(38,10).
 WEIGHT_MASK = 2**20 - 1
 WEIGHT_TYPE = "decimal(7,0)"
+# Python's decimals for those sums: wide enough that no sum or product of them rounds.
+EXACT = Context(prec=100)
 
 # Lifetime sums are added in DECIMAL(30,10), as transforms/revenue.py does, so the expected
 # value is exact (Spark would round a DECIMAL(38,10) + DECIMAL(38,10) to 9 places).
@@ -462,18 +470,19 @@ def _weight() -> Column:
 
 def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tuple[dict, dict]]:
     """Per day of `run`: the snapshot's sums, and what the day before's sums plus the day's
-    paid orders make them; three small Spark jobs."""
+    paid orders and new customers make them; three small Spark jobs, no join of orders
+    with rates row by row."""
     one_day = timedelta(days=1)
     opening_day = run.start - one_day
-    weight = _weight()
     ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end)
+    weight = _weight()  # after the read: a column needs the session the read starts
     revenue = F.col("lifetime_revenue_usd").cast(SUM_TYPE)
     snapshots = {
         r["snapshot_date"]: r.asDict()
         for r in ltv.groupBy("snapshot_date")
         .agg(
             F.count(F.lit(1)).alias("customers"),
-            F.coalesce(F.sum(revenue), F.lit(0).cast(SUM_TYPE)).alias("revenue"),
+            F.sum(revenue).alias("revenue"),
             F.sum(weight).alias("w_customers"),
             F.sum(weight * F.col("lifetime_paid_orders")).alias("w_orders"),
             F.sum(revenue * weight.cast(WEIGHT_TYPE)).alias("w_revenue"),
@@ -484,25 +493,11 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
     paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
-    rates = lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end)
-    usd = with_usd(paid, rates).select(
-        "customer_id", "event_date", F.col("amount_usd").cast(SUM_TYPE).alias("amount_usd")
-    )
-    orders = {
-        r["event_date"]: r
-        for r in usd.groupBy("event_date")
-        .agg(
-            F.sum("amount_usd").alias("revenue"),
-            F.sum(weight).alias("w_orders"),
-            F.sum(F.col("amount_usd") * weight.cast(WEIGHT_TYPE)).alias("w_revenue"),
-        )
-        .collect()
-    }
     # A customer is new on its first paid day in the run unless the opening snapshot has it.
     opening = ltv.where(F.col("snapshot_date") == F.lit(opening_day)).select("customer_id")
     newcomers = {
-        r["day"]: r
-        for r in usd.groupBy("customer_id")
+        r["day"]: r.asDict()
+        for r in paid.groupBy("customer_id")
         .agg(F.min("event_date").alias("day"))
         .join(opening, "customer_id", "left_anti")
         .groupBy("day")
@@ -513,23 +508,60 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
         )
         .collect()
     }
-    empty = {"customers": 0, "revenue": 0, "w_customers": 0, "w_orders": 0}
+    empty = dict.fromkeys(("customers", "revenue", "w_customers", "w_orders"), 0)
     empty |= {"w_revenue": 0, "w_first": 0}
     days = {}
-    for day in run.days():
-        before, actual = snapshots.get(day - one_day, empty), snapshots.get(day, empty)
-        paid_day, new = orders.get(day, empty), newcomers.get(day, empty)
-        want = {
-            "customers": before["customers"] + new["customers"],
-            "revenue": before["revenue"] + (paid_day["revenue"] or 0),
-            "w_customers": (before["w_customers"] or 0) + (new["w_customers"] or 0),
-            "w_orders": (before["w_orders"] or 0) + (paid_day["w_orders"] or 0),
-            "w_revenue": (before["w_revenue"] or 0) + (paid_day["w_revenue"] or 0),
-            "w_first": (before["w_first"] or 0) + (new["w_first"] or 0),
-        }
-        got = {k: actual[k] or 0 for k in want}
-        days[day.isoformat()] = (got, want)
+    with localcontext(EXACT):
+        orders = _paid_sums(lakehouse, run, paid, weight)
+        for day in run.days():
+            before = {k: v or 0 for k, v in snapshots.get(day - one_day, empty).items()}
+            actual = {k: v or 0 for k, v in snapshots.get(day, empty).items()}
+            paid_day, new = orders.get(day, empty), newcomers.get(day, empty)
+            want = {
+                "customers": before["customers"] + new["customers"],
+                "revenue": before["revenue"] + paid_day["revenue"],
+                "w_customers": before["w_customers"] + new["w_customers"],
+                "w_orders": before["w_orders"] + paid_day["w_orders"],
+                "w_revenue": before["w_revenue"] + paid_day["w_revenue"],
+                "w_first": before["w_first"] + new["w_first"],
+            }
+            days[day.isoformat()] = ({k: actual[k] for k in want}, want)
     return days
+
+
+def _paid_sums(
+    lakehouse: LakehouseResource, run: DayRange, paid: DataFrame, weight: Column
+) -> dict[date, dict[str, Decimal | int]]:
+    """Per day: USD revenue of the paid orders, and their sums weighted by customer.
+
+    An order's USD amount is its amount times the day's point-in-time rate, exactly (no
+    rounding: transforms/fx.py), so the sums are taken per (day, currency) in the local
+    currency and multiplied by the rate here, in exact decimals: one small aggregation,
+    not a join of every order with its rate. A pair without a rate adds nothing, so its
+    day cannot match (the LTV asset fails on it first)."""
+    by_pair = paid.groupBy("event_date", "currency").agg(
+        F.sum("amount").alias("amount"),
+        F.sum(weight).alias("w_orders"),
+        F.sum(F.col("amount") * weight.cast(WEIGHT_TYPE)).alias("w_amount"),
+    )
+    pairs = by_pair.collect()
+    if not pairs:
+        return {}
+    rates = point_in_time_rates(
+        paid.sparkSession.createDataFrame(
+            [(r["event_date"], r["currency"]) for r in pairs], "event_date date, currency string"
+        ),
+        lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end),
+    )
+    rate_of = {(r["event_date"], r["currency"]): r["usd_per_unit"] for r in rates.collect()}
+    sums: dict[date, dict[str, Decimal | int]] = {}
+    for r in pairs:
+        day = sums.setdefault(r["event_date"], {"revenue": 0, "w_orders": 0, "w_revenue": 0})
+        rate = rate_of.get((r["event_date"], r["currency"])) or 0
+        day["revenue"] += r["amount"] * rate
+        day["w_orders"] += r["w_orders"]
+        day["w_revenue"] += r["w_amount"] * rate
+    return sums
 
 
 def _ltv_outcome(results: list[PartitionResult]) -> CheckOutcome:
