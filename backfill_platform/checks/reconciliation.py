@@ -470,8 +470,9 @@ def _weight() -> Column:
 
 def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tuple[dict, dict]]:
     """Per day of `run`: the snapshot's sums, and what the day before's sums plus the day's
-    paid orders and new customers make them; three small Spark jobs, no join of orders
-    with rates row by row."""
+    paid orders and new customers make them: four small aggregations (the snapshots, the
+    new customers, the paid orders per currency, their rates), no join of orders with
+    rates row by row."""
     one_day = timedelta(days=1)
     opening_day = run.start - one_day
     ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end)
