@@ -478,8 +478,8 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
     ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end)
     weight = _weight()  # after the read: a column needs the session the read starts
     revenue = F.col("lifetime_revenue_usd").cast(SUM_TYPE)
-    snapshots = {
-        r["snapshot_date"]: r.asDict()
+    snapshots = {  # a sum over no value is NULL: 0 here
+        r["snapshot_date"]: {k: v or 0 for k, v in r.asDict().items()}
         for r in ltv.groupBy("snapshot_date")
         .agg(
             F.count(F.lit(1)).alias("customers"),
@@ -509,14 +509,14 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
         )
         .collect()
     }
-    empty = dict.fromkeys(("customers", "revenue", "w_customers", "w_orders"), 0)
-    empty |= {"w_revenue": 0, "w_first": 0}
+    empty = dict.fromkeys(
+        ("customers", "revenue", "w_customers", "w_orders", "w_revenue", "w_first"), 0
+    )
     days = {}
     with localcontext(EXACT):
         orders = _paid_sums(lakehouse, run, paid, weight)
         for day in run.days():
-            before = {k: v or 0 for k, v in snapshots.get(day - one_day, empty).items()}
-            actual = {k: v or 0 for k, v in snapshots.get(day, empty).items()}
+            before, actual = snapshots.get(day - one_day, empty), snapshots.get(day, empty)
             paid_day, new = orders.get(day, empty), newcomers.get(day, empty)
             want = {
                 "customers": before["customers"] + new["customers"],
