@@ -148,7 +148,8 @@ class RunProgress:
     that moves only between runs would sit still for most of `make demo`.
     """
 
-    POLL_SECONDS = 2.0
+    TICK_SECONDS = 1.0  # how often elapsed time is redrawn on a terminal
+    POLL_SECONDS = 2.0  # how often the instance is asked for the run's partitions
 
     def __init__(
         self,
@@ -254,11 +255,11 @@ class RunProgress:
 
     def _tick(self) -> None:
         polled = 0.0
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self.TICK_SECONDS):
             bar = self.bar
             if bar is None:
                 continue
-            polled += 1.0
+            polled += self.TICK_SECONDS
             moved = False
             if self._instance is not None and self.deployed is None and polled >= self.POLL_SECONDS:
                 polled = 0.0

@@ -183,9 +183,12 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [31, 9]
 
 
-def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(platform):
+def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(platform, monkeypatch):
     """Runs sized by work last minutes: the bar counts the partitions the run in progress has
     materialized (read from the instance), not only finished runs."""
+    # this test's runs last seconds, not minutes: poll often enough to see inside them
+    monkeypatch.setattr(RunProgress, "TICK_SECONDS", 0.05)
+    monkeypatch.setattr(RunProgress, "POLL_SECONDS", 0.05)
     span = DayRange("2024-01-01", "2024-01-12")
     for key in span.partition_keys():
         platform.write_rates(key, {"EUR": "1.10"})
