@@ -49,6 +49,13 @@ def markdown(r: dict[str, Any]) -> str:
         f"{_yes(r['checks'].get('anchor_marts_equals_platform'))}) | "
         f"{sec['platform_anchor_marts']:.1f} | {rows_s['platform_anchor_marts']:,} | "
         f"{mem_of('platform_anchor_marts')} | {jobs('platform_anchor_marts')} |",
+        f"| platform with checks, the anchors' assets only: the same-tables job's six tables "
+        f"and their checks ({_checks(r['checks'].get('anchor_marts_check_evaluations'))}; "
+        f"marts equal: {_yes(r['checks'].get('anchor_marts_with_checks_equals_platform'))}) | "
+        f"{sec['platform_anchor_marts_with_checks']:.1f} | "
+        f"{rows_s['platform_anchor_marts_with_checks']:,} | "
+        f"{mem_of('platform_anchor_marts_with_checks')} | "
+        f"{jobs('platform_anchor_marts_with_checks')} |",
         f"| re-run: the same backfill again (no row changed: "
         f"{_yes(r['checks']['rerun_rows_unchanged'])}) | {sec['rerun']:.1f} | "
         f"{rows_s['rerun']:,} | {mem_of('rerun')} | {jobs('rerun')} |",
@@ -190,6 +197,11 @@ def chart(r: dict[str, Any], path: Path) -> None:
         ("platform backfill", sec["platform"], "#1f77b4"),
         ("platform with checks", sec["platform_with_checks"], "#08519c"),
         ("platform, no CRM assets", sec["platform_anchor_marts"], "#9ecae1"),
+        (
+            "platform with checks,\nno CRM assets",
+            sec["platform_anchor_marts_with_checks"],
+            "#4292c6",
+        ),
         ("re-run", sec["rerun"], "#6baed6"),
         ("re-run, no CRM assets", sec["rerun_anchor_marts"], "#c6dbef"),
         (
@@ -237,6 +249,7 @@ def _breakdown(ax, r: dict[str, Any]) -> None:
         (label, name)
         for label, name in (
             ("platform, no CRM assets", "platform_anchor_marts"),
+            ("platform with checks, no CRM assets", "platform_anchor_marts_with_checks"),
             ("platform backfill", "platform"),
             ("platform with checks", "platform_with_checks"),
         )
