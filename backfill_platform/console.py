@@ -150,6 +150,7 @@ class RunProgress:
 
     TICK_SECONDS = 1.0  # how often elapsed time is redrawn on a terminal
     POLL_SECONDS = 2.0  # how often the instance is asked for the run's partitions
+    POLL_FAILURES = 3  # failed polls in a row before the bar stops following runs
 
     def __init__(
         self,
@@ -254,7 +255,7 @@ class RunProgress:
         self.bar.set_postfix_str(text, refresh=True)
 
     def _tick(self) -> None:
-        polled = 0.0
+        polled, failures = 0.0, 0
         while not self._stop.wait(self.TICK_SECONDS):
             bar = self.bar
             if bar is None:
@@ -264,10 +265,14 @@ class RunProgress:
             if self._instance is not None and self.deployed is None and polled >= self.POLL_SECONDS:
                 polled = 0.0
                 try:
-                    moved = self._count_in_run(bar)
+                    moved, failures = self._count_in_run(bar), 0
                 except Exception as error:  # a progress display never fails the command
-                    print(f"progress: stopped following runs: {error}", file=sys.stderr)
-                    self._instance = None
+                    # one busy or restarting storage is not a reason to freeze the bar for
+                    # the rest of a long backfill; a storage that keeps failing is
+                    failures += 1
+                    if failures >= self.POLL_FAILURES:
+                        print(f"progress: stopped following runs: {error}", file=sys.stderr)
+                        self._instance = None
             if moved or self.stream.isatty():
                 bar.refresh()
 

@@ -183,12 +183,23 @@ def test_an_in_process_backfill_sizes_its_runs_by_the_landing_zone(platform, mon
     assert [len(s.days) for s in plan_work(LINEAGE, work, sizes=sizes)] == [31, 9]
 
 
-def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(platform, monkeypatch):
+def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(
+    platform, monkeypatch, capsys
+):
     """Runs sized by work last minutes: the bar counts the partitions the run in progress has
-    materialized (read from the instance), not only finished runs."""
+    materialized (read from the instance), not only finished runs; a storage that fails a
+    poll or two (busy, restarting) does not freeze it for the rest of the backfill."""
     # this test's runs last seconds, not minutes: poll often enough to see inside them
     monkeypatch.setattr(RunProgress, "TICK_SECONDS", 0.05)
     monkeypatch.setattr(RunProgress, "POLL_SECONDS", 0.05)
+    calls = []
+
+    def instance():
+        calls.append(1)
+        if len(calls) <= RunProgress.POLL_FAILURES - 1:
+            raise OSError("the instance's storage is restarting")
+        return platform.instance
+
     span = DayRange("2024-01-01", "2024-01-12")
     for key in span.partition_keys():
         platform.write_rates(key, {"EUR": "1.10"})
@@ -197,12 +208,14 @@ def test_the_progress_bar_moves_inside_a_run_as_its_partitions_materialize(platf
     keys = [RAW_ORDERS, RAW_FX_RATES, STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE]
     work = {key: span.partition_keys() for key in keys}
     out = io.StringIO()
-    with observing(RunProgress(out, instance=platform.instance)):
+    with observing(RunProgress(out, instance=instance)):
         report = run_work(executor, LINEAGE, work, trigger="backfill")
     assert report.success and len(report.runs) == 2  # raw, then staging + the mart
     shown = {int(n) for n in re.findall(r"\| (\d+)/60 partitions", out.getvalue())}
     assert {0, 24, 60} <= shown
     assert shown - {0, 24, 60}, f"the bar moved only between runs: {sorted(shown)}"
+    assert len(calls) == RunProgress.POLL_FAILURES  # two failed polls, then the instance
+    assert "stopped following runs" not in capsys.readouterr().err
 
 
 class Recorder:
