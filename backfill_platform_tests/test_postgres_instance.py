@@ -1,6 +1,7 @@
 """The demo's Dagster instance on a PostgreSQL server of its own (`make postgres-start`), and
 `runner.recording_instance`, which makes a process's runs write their events through one
-pooled connection, batched: a real server from Debian's package on a Unix socket, real
+pooled connection, batched, as every run of the code location does for itself (the
+lakehouse resource's set-up): a real server from Debian's package on a Unix socket, real
 Dagster runs."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import psycopg2
 import pytest
 from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset
 
+from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.runner import (
     EVENT_BATCH_ENV,
     materialize_range,
@@ -30,6 +32,12 @@ PARTITIONS = 60
 
 @asset(partitions_def=DAYS, key=AssetKey(["calibration", "events"]))
 def events() -> None:
+    return None
+
+
+@asset(partitions_def=DAYS, key=AssetKey(["calibration", "lakehouse_events"]))
+def lakehouse_events(lakehouse: LakehouseResource) -> None:
+    """Any asset of the code location: it sets the lakehouse up (no Spark is started)."""
     return None
 
 
@@ -64,11 +72,11 @@ def _instance(data: Path, home: Path) -> DagsterInstance:
     return DagsterInstance.from_config(str(home))
 
 
-def _range_run(instance: DagsterInstance, data: Path) -> int:
+def _range_run(instance: DagsterInstance, data: Path, assets=(events,), resources=None) -> int:
     """One ranged run over PARTITIONS days; the connections it opened."""
     keys = DAYS.get_partition_keys()[:PARTITIONS]
     before = _sessions(data)
-    result = materialize_range([events], keys[0], keys[-1], {}, instance)
+    result = materialize_range(list(assets), keys[0], keys[-1], resources or {}, instance)
     assert result.success
     return _sessions(data) - before - 1  # not _query's own
 
@@ -102,6 +110,39 @@ def test_a_recording_instance_writes_a_run_through_one_pooled_connection(
     assert partitions == set(DAYS.get_partition_keys()[:PARTITIONS])
     record = tuned.get_latest_materialization_event(events.key)
     assert record.dagster_event.partition == DAYS.get_partition_keys()[PARTITIONS - 1]
+
+
+def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, monkeypatch):
+    """A run the daemon launches gets its instance from DAGSTER_HOME, untuned: the lakehouse
+    resource's set-up tunes it, so the run's step writes its events through the pool (the
+    run's creation, before any resource, still opens its connections: the daemon's, for a
+    run it launches). A SQLite instance's run leaves the process's environment alone."""
+    lakehouse = {
+        "lakehouse": LakehouseResource(
+            root_dir=str(tmp_path / "lake"), spark=SparkSessionResource()
+        )
+    }
+    monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)
+    sqlite = DagsterInstance.from_config(str(_sqlite_home(tmp_path / "sqlite")))
+    keys = DAYS.get_partition_keys()[:PARTITIONS]
+    assert materialize_range([lakehouse_events], keys[0], keys[-1], lakehouse, sqlite).success
+    assert EVENT_BATCH_ENV not in os.environ
+
+    # Two instances as a run worker makes them: the same run without and with the resource.
+    without = _range_run(_instance(server, tmp_path / "without"), server)
+    plain = _instance(server, tmp_path / "plain")
+    opened = _range_run(plain, server, [lakehouse_events], lakehouse)
+
+    # Each of the step's 60 materializations and its other events took a connection before.
+    assert opened <= without - 2 * PARTITIONS, (opened, without)
+    assert os.environ[EVENT_BATCH_ENV] == "1000"
+    assert plain.get_materialized_partitions(lakehouse_events.key) == set(keys)
+
+
+def _sqlite_home(home: Path) -> Path:
+    home.mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    return home
 
 
 def test_a_private_folder_is_refused_untouched(tmp_path):

@@ -56,6 +56,7 @@ from backfill_platform.resources.delta_log import (
 )
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.resources.storage import hadoop_fs, is_uri
+from backfill_platform.runner import record_run_events
 from backfill_platform.tables import (
     CORRECTABLE_LAYERS,
     SHADOW_SUFFIX_TAG,
@@ -153,6 +154,10 @@ class LakehouseResource(ConfigurableResource):
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._run_shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
         self._run_shadows = {}
+        if context.run is not None:
+            # Every run of the code location sets this resource up, the daemon's included:
+            # the one place to give the run's instance pooled, batched event writes.
+            record_run_events(context.instance)
 
     @property
     def session(self) -> SparkSession:
