@@ -251,8 +251,8 @@ _RECORDING: weakref.WeakSet[DagsterInstance] = weakref.WeakSet()
 def record_run_events(instance: DagsterInstance | None) -> None:
     """`recording_instance` for the instance a run executes with, when its events go to
     PostgreSQL: a run the daemon launches (its own process, a run worker) otherwise writes
-    every event on a new connection. A 92-day run of every asset and check at the demo's
-    size took 49-54 s that way and 26-30 s pooled and batched (docs/performance.md). SQLite
+    every event on a new connection: a 92-day UI backfill's runs at the demo's size took
+    135-159 s that way, 96-99 s pooled and batched (docs/performance.md). SQLite
     and in-memory instances are left as they are (nothing to pool; the environment of a
     test process untouched)."""
     if instance is not None and isinstance(instance.event_log_storage, PostgresEventLogStorage):
