@@ -112,6 +112,17 @@ def test_a_recording_instance_writes_a_run_through_one_pooled_connection(
     assert record.dagster_event.partition == DAYS.get_partition_keys()[PARTITIONS - 1]
 
 
+def test_a_pooled_instance_outlives_a_server_restart(server, tmp_path):
+    """PostgreSQL restarted between two runs (an upgrade, a failover) leaves the pooled
+    connection dead: the next run reconnects, as Dagster's connection per statement did,
+    instead of failing on its first statement."""
+    tuned = recording_instance(_instance(server, tmp_path / "home"))
+    _range_run(tuned, server)
+    assert postgres_server.stop(server) is True
+    assert postgres_server.start(server) is True
+    _range_run(tuned, server)  # succeeds (it asserts so)
+
+
 def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, monkeypatch):
     """A run the daemon launches gets its instance from DAGSTER_HOME, untuned: the lakehouse
     resource's set-up tunes it, so the run's step writes its events through the pool (the
