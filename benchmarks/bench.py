@@ -362,6 +362,17 @@ class Bench:
         self.memory[name] = self.sampler.peaks_mb()
         _say(f"{name}: {self.seconds[name]} s")
 
+    def _timed_backfill(self, runs: dict, name: str, assets, resources, instance, checks=()):
+        """One phase: the whole range backfilled at the bench's chunking, its runs kept in
+        `runs[name]`."""
+        from backfill_platform.runner import backfill
+
+        first, last = self.days[0].isoformat(), self.days[-1].isoformat()
+        with self._phase(name):
+            runs[name] = backfill(
+                assets, first, last, resources, instance, per_run=self.per_run, checks=checks
+            )
+
     # -- the measurements -----------------------------------------------------------------
     def _measure(self, summary: dict) -> dict[str, Any]:
         from backfill_platform.checks import all_checks
@@ -373,7 +384,6 @@ class Bench:
         from benchmarks.anchor_spark import run_anchor_spark
         from benchmarks.floor import run_floor
 
-        first, last = self.days[0].isoformat(), self.days[-1].isoformat()
         n = len(self.days)
         if not self.args.no_warm_up:
             self._warm_up()
@@ -385,17 +395,11 @@ class Bench:
         lake = resources["lakehouse"]
         runs: dict[str, list] = {}
         calls_before = len(self._crm_calls())
-        with self._phase("platform"):
-            runs["platform"] = backfill(
-                all_assets, first, last, resources, instance, per_run=self.per_run
-            )
+        self._timed_backfill(runs, "platform", all_assets, resources, instance)
         platform_calls = self._crm_calls()[calls_before:]
         before = fingerprints(lake)
         raw_rows = int(before["raw/orders"][0])
-        with self._phase("rerun"):
-            runs["rerun"] = backfill(
-                all_assets, first, last, resources, instance, per_run=self.per_run
-            )
+        self._timed_backfill(runs, "rerun", all_assets, resources, instance)
         rerun_calls = len(self._crm_calls()) - calls_before - len(platform_calls)
         crm = self._crm_report(platform_calls, rerun_calls, instance)
         rerun_same = fingerprints(lake) == before
@@ -404,41 +408,27 @@ class Bench:
         # anchors call no CRM), from an empty lakehouse, so no ratio hides the demo CRM.
         anchor_assets = without_crm(all_assets)
         anchor_resources, anchor_instance, _, _ = self._platform("anchor_marts")
-        with self._phase("platform_anchor_marts"):
-            runs["platform_anchor_marts"] = backfill(
-                anchor_assets,
-                first,
-                last,
-                anchor_resources,
-                anchor_instance,
-                per_run=self.per_run,
-            )
+        self._timed_backfill(
+            runs, "platform_anchor_marts", anchor_assets, anchor_resources, anchor_instance
+        )
         anchor_marts_same = same_marts(anchor_resources["lakehouse"], lake)
         anchor_before = fingerprints(anchor_resources["lakehouse"])
-        with self._phase("rerun_anchor_marts"):
-            runs["rerun_anchor_marts"] = backfill(
-                anchor_assets,
-                first,
-                last,
-                anchor_resources,
-                anchor_instance,
-                per_run=self.per_run,
-            )
+        self._timed_backfill(
+            runs, "rerun_anchor_marts", anchor_assets, anchor_resources, anchor_instance
+        )
         anchor_rerun_same = fingerprints(anchor_resources["lakehouse"]) == anchor_before
 
         # The platform as users run it: the same backfill from an empty lakehouse, every run
         # also evaluating the checks of the assets it writes (a code location's runs do).
         checked_resources, checked_instance, _, _ = self._platform("with_checks")
-        with self._phase("platform_with_checks"):
-            runs["platform_with_checks"] = backfill(
-                all_assets,
-                first,
-                last,
-                checked_resources,
-                checked_instance,
-                per_run=self.per_run,
-                checks=all_checks,
-            )
+        self._timed_backfill(
+            runs,
+            "platform_with_checks",
+            all_assets,
+            checked_resources,
+            checked_instance,
+            all_checks,
+        )
         evaluations = check_evaluations(checked_instance, runs["platform_with_checks"])
         checked_same = same_marts(checked_resources["lakehouse"], lake)
 
@@ -447,16 +437,14 @@ class Bench:
         anchor_checked_resources, anchor_checked_instance, _, _ = self._platform(
             "anchor_marts_with_checks"
         )
-        with self._phase("platform_anchor_marts_with_checks"):
-            runs["platform_anchor_marts_with_checks"] = backfill(
-                anchor_assets,
-                first,
-                last,
-                anchor_checked_resources,
-                anchor_checked_instance,
-                per_run=self.per_run,
-                checks=anchor_checks,
-            )
+        self._timed_backfill(
+            runs,
+            "platform_anchor_marts_with_checks",
+            anchor_assets,
+            anchor_checked_resources,
+            anchor_checked_instance,
+            anchor_checks,
+        )
         anchor_evaluations = check_evaluations(
             anchor_checked_instance, runs["platform_anchor_marts_with_checks"]
         )
