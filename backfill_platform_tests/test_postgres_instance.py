@@ -25,6 +25,7 @@ from backfill_platform.runner import (
 )
 from backfill_platform.sources import postgres_server
 from backfill_platform.sources.postgres_server import PostgresServerError
+from backfill_platform_tests.sensor_ticks import instance_at
 
 DAYS = DailyPartitionsDefinition(start_date="2024-01-01")
 PARTITIONS = 60
@@ -134,7 +135,7 @@ def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, mon
         )
     }
     monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)
-    sqlite = DagsterInstance.from_config(str(_sqlite_home(tmp_path / "sqlite")))
+    sqlite = instance_at(tmp_path / "sqlite")  # deploy/dagster.yaml: SQLite
     keys = DAYS.get_partition_keys()[:PARTITIONS]
     assert materialize_range([lakehouse_events], keys[0], keys[-1], lakehouse, sqlite).success
     assert EVENT_BATCH_ENV not in os.environ
@@ -148,12 +149,6 @@ def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, mon
     assert opened <= without - 2 * PARTITIONS, (opened, without)
     assert os.environ[EVENT_BATCH_ENV] == "1000"
     assert plain.get_materialized_partitions(lakehouse_events.key) == set(keys)
-
-
-def _sqlite_home(home: Path) -> Path:
-    home.mkdir(parents=True)
-    shutil.copy(Path(__file__).parents[1] / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    return home
 
 
 def test_a_private_folder_is_refused_untouched(tmp_path):
