@@ -20,6 +20,7 @@ from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
 from backfill_platform.runner import (
     EVENT_BATCH_ENV,
+    EVENT_BATCH_SIZE,
     materialize_range,
     recording_instance,
 )
@@ -53,6 +54,16 @@ def server():
     finally:
         postgres_server.stop(data)
         shutil.rmtree(data.parent, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def event_batch_unset(monkeypatch):
+    """Each test starts with the batch size unset and leaves the process as it found it:
+    `recording_instance` sets it for the rest of its process, and monkeypatch undoes only what
+    it changed (`setenv` remembers the value before, an unset one too; `delenv` of an unset
+    variable remembers nothing)."""
+    monkeypatch.setenv(EVENT_BATCH_ENV, str(EVENT_BATCH_SIZE))
+    monkeypatch.delenv(EVENT_BATCH_ENV)
 
 
 def _query(data: Path, sql: str):
@@ -92,12 +103,9 @@ def test_started_once_and_the_yaml_keeps_deploy_settings(server, tmp_path):
     assert _query(server, "SHOW synchronous_commit") == "off"
 
 
-def test_a_recording_instance_writes_a_run_through_one_pooled_connection(
-    server, tmp_path, monkeypatch
-):
+def test_a_recording_instance_writes_a_run_through_one_pooled_connection(server, tmp_path):
     """The same 60-partition run: Dagster's default opens connections per statement, the
     recording instance a handful; every planned and materialized partition is recorded."""
-    monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)
     plain = _instance(server, tmp_path / "plain")
     opened_plain = _range_run(plain, server)
 
@@ -124,7 +132,7 @@ def test_a_pooled_instance_outlives_a_server_restart(server, tmp_path):
     _range_run(tuned, server)  # succeeds (it asserts so)
 
 
-def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, monkeypatch):
+def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path):
     """A run the daemon launches gets its instance from DAGSTER_HOME, untuned: the lakehouse
     resource's set-up tunes it, so the run's step writes its events through the pool (the
     run's creation, before any resource, still opens its connections: the daemon's, for a
@@ -134,7 +142,6 @@ def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path, mon
             root_dir=str(tmp_path / "lake"), spark=SparkSessionResource()
         )
     }
-    monkeypatch.delenv(EVENT_BATCH_ENV, raising=False)
     sqlite = instance_at(tmp_path / "sqlite")  # deploy/dagster.yaml: SQLite
     keys = DAYS.get_partition_keys()[:PARTITIONS]
     assert materialize_range([lakehouse_events], keys[0], keys[-1], lakehouse, sqlite).success
