@@ -101,6 +101,17 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     added = round(seconds["platform_with_checks"] / seconds["platform"] - 1, 3)
     assert targets["checks_added_share"]["measured"] == added
     assert targets["checks_added_share"]["target"] == "<= 0.15"
+    # the same share by step: the steps only the backfill with checks has, every check's
+    check_steps = [
+        row["seconds"]
+        for key, row in result["platform_with_checks_steps"].items()
+        if key not in result["platform_steps"]
+    ]
+    assert len(check_steps) == 13  # 16 checks, quality's four in one step
+    assert result["ratios"]["checks_steps_share"] == round(
+        round(sum(check_steps), 2) / seconds["platform"], 3
+    )
+    assert result["ratios"]["checks_steps_share"] > 0
     events_seconds = result["dagster_events"]["phases"]["platform_with_checks"]
     share = round(events_seconds["estimated_seconds"] / seconds["platform_with_checks"], 3)
     assert targets["dagster_event_log_share"]["measured"] == share

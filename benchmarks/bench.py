@@ -564,6 +564,7 @@ class Bench:
             checked_instance, runs["platform_with_checks"], spark_log
         )
 
+        check_steps = check_steps_seconds(steps, steps_with_checks)
         floor = min(self.seconds["floor_1"], self.seconds["floor_2"])
         platform, rerun = self.seconds["platform"], self.seconds["rerun"]
         with_checks = self.seconds["platform_with_checks"]
@@ -625,6 +626,10 @@ class Bench:
             # What the checks add to the six tables' backfill (the target's share is the
             # full backfill's, CRM included, as issue 33 measured it).
             "checks_added_share_anchor_marts": round(anchor_checked / anchor_marts - 1, 3),
+            # The checks' own steps over the backfill without them: what the checks cost,
+            # free of the two backfills' run-to-run difference (their asset steps differed
+            # by 13.6 s on an idle machine, docs/performance.md, session 39).
+            "checks_steps_share": round(check_steps / platform, 3),
             "same_tables_over_plain_spark": round(same_tables / plain_spark, 2),
             "platform_over_duckdb": round(platform / duckdb, 2),
             "per_partition_over_chunked": round(per_part_cold / platform, 1),
@@ -993,6 +998,16 @@ def linear_fit(points: list[dict]) -> dict[str, float] | None:
         "seconds_per_million_rows": round(float(coef[2]), 2),
         "r2": round(float(1 - ((y - predicted) ** 2).sum() / total), 3) if total else None,
     }
+
+
+def check_steps_seconds(
+    steps: dict[str, dict[str, float]], steps_with_checks: dict[str, dict[str, float]]
+) -> float:
+    """Seconds of the steps the checks add: those of the backfill with checks that the one
+    without has not (every check is defined apart from its asset, so it is a step of its
+    own)."""
+    added = [row["seconds"] for key, row in steps_with_checks.items() if key not in steps]
+    return round(sum(added), 2)
 
 
 def step_breakdown(instance, runs, spark_log: SparkLog) -> dict[str, dict[str, float]]:
