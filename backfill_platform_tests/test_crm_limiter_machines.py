@@ -67,8 +67,8 @@ print(json.dumps({"backend": crm.limiter_backend, "path": crm.limiter_path,
 
 @pytest.fixture(scope="module")
 def postgres():
-    data_dir, run_as = make_postgres_dir()
-    server = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
+    data_dir = make_postgres_dir()
+    server = PostgresServer(data_dir, free_port(), postgres_bin())
     started = time.monotonic()
     try:
         server.start()

@@ -13,7 +13,6 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
-import psycopg2
 import pytest
 from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset
 
@@ -25,7 +24,6 @@ from backfill_platform.runner import (
     recording_instance,
 )
 from backfill_platform.sources import postgres_server
-from backfill_platform.sources.postgres_server import PostgresServerError
 from backfill_platform_tests.sensor_ticks import instance_at
 
 DAYS = DailyPartitionsDefinition(start_date="2024-01-01")
@@ -45,8 +43,7 @@ def lakehouse_events(lakehouse: LakehouseResource) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    """A started server in a folder the server's user can reach (pytest's tmp is private
-    to root when the tests run as root), removed afterwards."""
+    """A started server in a new temporary folder, removed afterwards."""
     data = postgres_server.scratch_data("demo-pg-")
     assert postgres_server.start(data) is True
     try:
@@ -68,7 +65,7 @@ def event_batch_unset(monkeypatch):
 
 def _query(data: Path, sql: str):
     """The first value of `sql`'s first row, on a connection of its own to the server."""
-    connection = psycopg2.connect(host=str(data), port=postgres_server.PORT, user="dagster")
+    connection = postgres_server.connect(data, "dagster")
     with closing(connection), connection.cursor() as cursor:
         cursor.execute(sql)
         return cursor.fetchone()[0]
@@ -158,15 +155,29 @@ def test_a_run_of_the_code_location_pools_its_own_instance(server, tmp_path):
     assert plain.get_materialized_partitions(lakehouse_events.key) == set(keys)
 
 
-def test_a_private_folder_is_refused_untouched(tmp_path):
-    """A folder the server's user cannot reach is refused before anything is made in it."""
-    if os.geteuid() != 0:
-        pytest.skip("only root hands the folder to another user")
-    private = tmp_path / "private"
+def test_a_private_folder_relative_and_spaced_runs_the_virtualenvs_server(tmp_path, monkeypatch):
+    """A clone inside a folder only its owner may enter (root's home, `mktemp -d`), with a
+    space in its path, given as a relative path: the server starts there, from the
+    virtualenv's binaries, its files stay the caller's, and the yaml's address works from
+    any working directory."""
+    private = tmp_path / "private folder"
     private.mkdir(mode=0o700)
-    with pytest.raises(PostgresServerError, match=f"cannot reach {private}"):
-        postgres_server.start(private / "postgres")
-    assert list(private.iterdir()) == []
+    monkeypatch.chdir(private)
+    data = Path("data/postgres")
+    home = Path(".dagster_home")
+    assert postgres_server.main(["start", "--data", str(data), "--dagster-home", str(home)]) == 0
+    try:
+        pid = int((private / data / "cluster" / "postmaster.pid").read_text().split()[0])
+        binary = Path(os.readlink(f"/proc/{pid}/exe"))
+        assert binary.is_relative_to(Path(sys.prefix)), binary  # the venv's, not Debian's
+        assert not binary.is_relative_to("/usr/lib/postgresql")
+        assert (private / data / "cluster").stat().st_uid == os.geteuid()
+        assert (private.stat().st_mode & 0o777) == 0o700  # nothing opened up
+        monkeypatch.chdir("/")
+        instance = DagsterInstance.from_config(str(private / home))
+        assert instance.get_runs() == []  # the storage answers through the absolute socket
+    finally:
+        postgres_server.stop(private / data)
 
 
 def test_the_cli_refuses_in_one_line_when_the_server_is_down(tmp_path):

@@ -186,8 +186,8 @@ class ScaledOut:
 def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
     root = e2e_root / "scaled_out"
     root.mkdir()
-    data_dir, run_as = make_postgres_dir()
-    postgres = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
+    data_dir = make_postgres_dir()
+    postgres = PostgresServer(data_dir, free_port(), postgres_bin())
     cluster = SparkCluster(root / "spark")
     cluster.root.mkdir()
     s3 = S3Server(root / "s3")

@@ -29,6 +29,8 @@ from typing import Any
 import psutil
 import pytest
 
+from backfill_platform.sources import postgres_server
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: dagster-webserver, dagster-daemon, spark-class
 
@@ -563,13 +565,8 @@ def make_dagster_home(root: Path, yaml_name: str) -> Path:
 
 # -- PostgreSQL ------------------------------------------------------------------------------
 def postgres_bin() -> Path:
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    if not candidates:
-        raise FileNotFoundError(
-            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin; "
-            "`make e2e` installs Debian's postgresql package"
-        )
-    return candidates[-1].parent
+    """The virtualenv's PostgreSQL (the wheel the demo's instance runs on)."""
+    return postgres_server.server_bin()
 
 
 @dataclass
@@ -580,16 +577,13 @@ class PostgresServer:
     user: str = "dagster"
     password: str = "dagster"
     database: str = "dagster"
-    run_as: str | None = None  # postgres refuses to run as root
 
     def _cmd(self, args: list[str]) -> list[str]:
-        return ["runuser", "-u", self.run_as, "--", *args] if self.run_as else args
+        return postgres_server.as_server(args)  # as root, in a user namespace
 
     def start(self, timeout: float = 120) -> None:
         pwfile = self.data_dir.parent / "pwfile"
         pwfile.write_text(self.password + "\n")
-        if self.run_as:
-            shutil.chown(pwfile, self.run_as)
         subprocess.run(
             self._cmd(
                 [
@@ -699,15 +693,9 @@ class PostgresServer:
         }
 
 
-def make_postgres_dir() -> tuple[Path, str | None]:
-    """A data directory postgres may own: as root, a /tmp dir handed to the postgres user."""
-    root = Path(tempfile.mkdtemp(prefix="e2e-pg-"))
-    run_as = None
-    if os.geteuid() == 0:
-        run_as = "postgres"
-        shutil.chown(root, run_as, run_as)
-    data = root / "data"
-    return data, run_as
+def make_postgres_dir() -> Path:
+    """A data directory for a test's server, in a new temporary folder."""
+    return Path(tempfile.mkdtemp(prefix="e2e-pg-")) / "data"
 
 
 # -- Spark standalone cluster ----------------------------------------------------------------

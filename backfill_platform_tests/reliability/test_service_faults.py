@@ -199,8 +199,8 @@ def stack(tmp_path_factory, size, spark) -> Iterator[Stack]:
     generate_landing(
         landing, days.first_day, days.last_day, cfg["orders_per_day"], SEED, progress=False
     )
-    data_dir, run_as = make_postgres_dir()
-    postgres = PostgresServer(data_dir, free_port(), postgres_bin(), run_as=run_as)
+    data_dir = make_postgres_dir()
+    postgres = PostgresServer(data_dir, free_port(), postgres_bin())
     deployment = None
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
     try:
