@@ -1,4 +1,4 @@
-"""The benchmark's independent anchors (issue 18) compute the contract's marts: DuckDB and a
+"""The benchmark's independent anchors compute the contract's marts: DuckDB and a
 plain PySpark job, both written without the platform's transforms, equal the contract's
 answer (reference.py) on a landing zone with late, duplicated and malformed lines."""
 

@@ -234,7 +234,7 @@ def test_rolling_window_is_one_ranged_run_that_yields_to_running_backfills(tmp_p
 
 
 def test_frozen_days_are_left_alone_by_the_live_path_until_unfrozen(tmp_path):
-    """Issue 34's freeze: the window and landing sensors skip the days under correction,
+    """A correction's freeze: the window and landing sensors skip the days under correction,
     say so in their tick, and take them up again once the freeze is lifted."""
     instance = _instance(tmp_path / "home")
     resources = build_resources(str(tmp_path / "landing"), str(tmp_path / "lake"))
@@ -362,7 +362,7 @@ def test_stale_sensor_audits_only_what_can_be_stale_and_never_behind_writers(tmp
 def test_stale_repair_leaves_frozen_days_and_the_ltv_snapshots_over_them_alone(
     tmp_path, monkeypatch
 ):
-    """Issue 34: a frozen day is the correction's to rebuild. The repair takes the stale days
+    """A frozen day is the correction's to rebuild. The repair takes the stale days
     outside the freeze; LTV's repair, which would rewrite every later snapshot, waits for the
     freeze to lift. No Spark: the audits are observations as the audit job records them."""
     monkeypatch.setenv(AUTO_REPAIR_ENV, "true")

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import bench, dagster_events, large
 
 # The benchmark's own tests, not the platform's core: `make reliability` runs them (CI too),
-# so `make test` stays the newcomer's run of the core (issue 30: within 12 minutes).
+# so `make test` stays the newcomer's run of the core, within 12 minutes.
 pytestmark = pytest.mark.bench
 
 
@@ -66,7 +66,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     # the independent anchors compute the platform's marts, row for row
     assert result["checks"]["plain_spark_equals_platform"]
     assert result["checks"]["duckdb_equals_platform"]
-    # issue 33's honest denominator: a hand-written job building the same six tables, equal
+    # the fair denominator: a hand-written job building the same six tables, equal
     # to the platform's by count and hash over the contract's columns
     assert result["checks"]["same_tables_equals_platform"]
     # like for like: the platform building those six tables, each run with their checks
@@ -85,13 +85,13 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert "platform_anchor_marts_over_plain_spark" in result["ratios"]
     assert result["checks"]["anchor_marts_rerun_rows_unchanged"]
     assert result["targets"]["rerun_over_first"]["target"] == "1 ± 0.05"
-    # issue 18's fixed cost: the backfill's runs times what one more run costs
+    # the fixed cost per backfill: the backfill's runs times what one more run costs
     fixed = result["targets"]["fixed_cost_per_backfill_seconds"]
     assert fixed["target"] == "<= 10.0"
     per_run = result["seconds"]["per_run_overhead"]
     assert fixed["measured"] == round(per_run * result["scale"]["platform_runs"], 1)
     assert result["targets"]["per_partition_over_chunked"]["target"] == ">= 50.0"
-    # issue 33's targets, each printed with its measurement, met or not
+    # the price-of-safety targets, each printed with its measurement, met or not
     targets, seconds = result["targets"], result["seconds"]
     assert targets["fixed_cost_per_run_seconds"] == {
         "target": "<= 3.0",

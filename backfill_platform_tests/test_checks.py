@@ -237,7 +237,7 @@ def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
 
 @pytest.mark.slow
 def test_a_92_day_ranged_run_records_92_evaluations_per_check(tmp_path, spark, env):
-    """The issue's bar: one ranged run of 92 one-order days, every layer and every check,
+    """A backfill chunk's size: one ranged run of 92 one-order days, every layer and every check,
     records 92 evaluations per partitioned check, resolved per day in the instance."""
     platform = Platform.create(tmp_path)
     days = DayRange("2024-01-01", "2024-04-01").partition_keys()

@@ -1,4 +1,4 @@
-"""The CRM rate limit across machines (issue 35): the window in the Dagster instance's PostgreSQL.
+"""The CRM rate limit across machines: the window in the Dagster instance's PostgreSQL.
 
 Three processes play three machines: each has its own working directory and lakehouse, no
 BACKFILL_CRM_LIMITER, and builds its CrmResource from settings (`build_crm`) as a run

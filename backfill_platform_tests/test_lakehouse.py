@@ -338,7 +338,7 @@ def _range_inodes(lake, name, first, last):
 
 
 def test_zero_copy_cutover_adopts_the_shadows_files_and_outlives_the_shadow(lake, spark):
-    """Issue 34: the range's files are the shadow's own (no data written), one commit;
+    """Zero-copy: the range's files are the shadow's own (no data written), one commit;
     dropping the shadow and VACUUMing production to zero retention leaves every partition
     of production readable."""
     first, last = date(2024, 1, 2), date(2024, 1, 4)

@@ -48,7 +48,7 @@ def _step_failures(instance: DagsterInstance, run_id: str) -> list[str]:
 def test_a_twin_run_without_its_suffix_fails_once_with_the_reason_and_is_not_retried(
     tmp_path,
 ):
-    """The issue's case: a shadow twin launched without the suffix tag (as the UI's
+    """The case a UI user meets: a shadow twin launched without the suffix tag (as the UI's
     "Materialize all" launched it). One failed run, no retry, the reason in the step's
     failure; the run says why it was not retried."""
     instance = _instance(tmp_path / "home")

@@ -5,7 +5,7 @@ what this hardware does with a columnar engine and the contract (docs/contract.m
 2.1) written as SQL, so the benchmark can tell how far the platform is from the machine,
 not from itself. Exact decimals throughout (DECIMAL(18,2) amounts x DECIMAL(18,8) rates).
 Rejects are filtered with the contract's rules but not kept: the anchor produces the marts
-only, as the issue asks (`issues show 18`).
+only, the part of the platform's output it is compared on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Anchor: the job a user writes instead of the platform (issue 33's honest denominator).
+"""Anchor: the job a user writes instead of the platform (the fair denominator of its price).
 
 One plain PySpark job, in one process, written without the platform's code: it builds the
 *same six Delta tables* the platform's backfill builds (raw orders verbatim, raw FX lines,

@@ -1,5 +1,5 @@
 """Anchor: a plain PySpark job from the landing files to the two marts, written without the
-platform's `transforms/` (issue 18).
+platform's `transforms/`.
 
 The floor (benchmarks/floor.py) reuses the platform's transforms, so a slow transform makes
 it slow too and the ratio hides it. This job is what a data engineer would write by hand

@@ -38,30 +38,31 @@ LTV_COLUMNS = [
 ]
 TARGETS = {
     "platform_over_floor": ("<=", 1.5),
-    # Issue 18's honest anchors, written without the platform's transforms; the bench's
-    # platform line is the backfill without its asset checks.
+    # Anchors written without the platform's transforms (a slow transform cannot hide in
+    # them as in the floor); the bench's platform line is the backfill without its checks.
     "platform_over_plain_spark": ("<=", 1.5),
     # The platform as users run it: every run also evaluates its assets' checks.
     "platform_with_checks_over_plain_spark": ("<=", 1.5),
-    # Issue 33's honest denominator: a plain job building the same six tables (raw, FX,
+    # The fair denominator: a plain job building the same six tables (raw, FX,
     # staging, rejects, both marts) without checks or an orchestrator. Like for like, so the
     # numerator is the platform building those six tables with their checks: the CRM assets'
     # calls (a quarter of the full backfill, waiting on HTTP) have no counterpart in the job.
     # The full backfill's ratio (CRM included) stays in the ratios.
     "platform_anchor_marts_with_checks_over_same_tables": ("<=", 1.25),
     "platform_over_duckdb": ("<=", 3.0),
-    # Issue 18: one run per partition at least 50x the chunked backfill (a new process per
-    # run, as the deployment's run launcher does, when measured; else the warm session).
+    # Chunking's worth: one run per partition at least 50x the chunked backfill (a new
+    # process per run, as the deployment's run launcher does, when measured; else the warm
+    # session).
     "per_partition_over_chunked": (">=", 50.0),
-    # Issue 18: what the backfill's runs cost beyond their data, at the default chunking.
+    # What the backfill's runs cost beyond their data, at the default chunking.
     "fixed_cost_per_backfill_seconds": ("<=", 10.0),
-    # Within 5 % both ways (issue 18): a re-run much faster than the first run would mean the
+    # Within 5 % both ways: a re-run much faster than the first run would mean the
     # first paid for something the re-run skipped (JVM warm-up, table creation), not
     # idempotence. Measured without the CRM assets, whose first backfill calls the CRM once
     # per customer and whose re-run, by contract, calls it zero times.
     "rerun_over_first": ("within", 0.05),
     "rolling_window_seconds": ("<", 60.0),
-    # Issue 33's price of safety, per run and per backfill: what one more run costs beyond
+    # The price of safety, per run and per backfill: what one more run costs beyond
     # its data; the Spark jobs of one live cycle (the new day's raw run, then the window's
     # downstream run; counted from Spark's event log, so None when the session keeps none);
     # what the asset checks add to the backfill; Dagster's per-partition events (priced on
@@ -624,11 +625,11 @@ class Bench:
                 anchor_checked / plain_spark, 2
             ),
             # What the checks add to the six tables' backfill (the target's share is the
-            # full backfill's, CRM included, as issue 33 measured it).
+            # full backfill's, CRM included, as the target was first set).
             "checks_added_share_anchor_marts": round(anchor_checked / anchor_marts - 1, 3),
             # The checks' own steps over the backfill without them: what the checks cost,
             # free of the two backfills' run-to-run difference (their asset steps differed
-            # by 13.6 s on an idle machine, docs/performance.md, session 39).
+            # by 13.6 s on an idle machine on 2026-11-30, docs/performance.md).
             "checks_steps_share": round(check_steps / platform, 3),
             "same_tables_over_plain_spark": round(same_tables / plain_spark, 2),
             "platform_over_duckdb": round(platform / duckdb, 2),

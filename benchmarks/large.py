@@ -1,4 +1,4 @@
-"""`make bench-large`: one point at ten million landing lines (issue 18).
+"""`make bench-large`: one point at ten million landing lines (is the cost linear?).
 
 The full `make bench` at this scale would run a dozen backfills (about 90 minutes on two
 cores); this runs the three that answer the scale questions, on ONE generated landing zone

@@ -1,5 +1,5 @@
 """The raw parse alone: the platform's line reader and contract parser against the plain
-Spark anchor's text reader and `json_tuple`, on one generated landing zone (issue 18).
+Spark anchor's text reader and `json_tuple`, on one generated landing zone.
 
 The full `make bench` showed the raw parse taking longer than the whole plain Spark job;
 this isolates it so a change to `transforms/lines.py` or `transforms/orders.py` can be

@@ -225,7 +225,7 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
         }
         deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
         # Meanwhile a live path on another machine calls the same CRM through the same
-        # PostgreSQL window (issue 35): the backfill's runs must leave it its reserve.
+        # PostgreSQL window: the backfill's runs must leave it its reserve.
         with live_crm_caller(
             root / "live-machine", deployment.dagster.env, LIVE_CALLS_PER_SECOND
         ) as live:

@@ -1,4 +1,4 @@
-"""History backfilled through the deployment beside the running stream (issue 32, part 5):
+"""History backfilled through the deployment beside the running stream (contract 1.4):
 the stream runs as the operator starts it (`backfill-platform stream start`, its batches
 reported to the deployment's instance) and the shop sells at 1 message/s, while a backfill
 of every layer over the export's days is launched the way the UI's dialog launches it

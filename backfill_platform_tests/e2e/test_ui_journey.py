@@ -280,8 +280,9 @@ def _assert_ltv_committed_oldest_first(
 ) -> list[tuple[str, str]]:
     """customer_ltv D is D-1 plus day D: the backfill's LTV ranges, in Delta commit order,
     run from the first targeted day to the last, each starting where the one before ended.
-    On this history the old code built the days past staging's range (01-07..01-13) from the
-    old 01-06 snapshot before rebuilding 01-01..01-06 (issue 36; docs/lineage.md)."""
+    On this history, without LTV's wait on staging, the daemon built the days past staging's
+    range (01-07..01-13) from the old 01-06 snapshot before rebuilding 01-01..01-06
+    (docs/lineage.md)."""
     commits = sorted(
         (c for c in lake.history(CUSTOMER_LTV) if c["version"] > after), key=lambda c: c["version"]
     )
@@ -391,8 +392,8 @@ query($id: String!) { partitionBackfillOrError(backfillId: $id) {
 def test_the_cli_repair_of_a_late_order_rebuilds_ltv_oldest_first_on_the_deployment(journey, spark):
     """A late order of an early day arrives in a later delivery; `stale --repair` through the
     deployment rebuilds staging and daily revenue of that day and every LTV snapshot after
-    it, as one Dagster backfill the daemon cuts into chunks. The old code built LTV's newer
-    chunk before the older (issue 36: 12-30..01-01 before 12-26..12-29).
+    it, as one Dagster backfill the daemon cuts into chunks. Without LTV's wait on staging it
+    built LTV's newer chunk before the older (12-30..01-01 before 12-26..12-29).
 
     CI leaves this test to `make e2e` (.ci/run's E2E_ARGS): 650 s on a loaded machine."""
     audit, report = run_cli(journey, "stale")

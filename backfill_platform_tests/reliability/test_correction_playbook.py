@@ -1,5 +1,5 @@
-"""The correction playbook's nine steps on a quarter of generated days (issue 34,
-docs/playbook.md; 30 days at CI's small size).
+"""The correction playbook's nine steps on a quarter of generated days (docs/playbook.md;
+30 days at CI's small size).
 
 Finance finds that revenue_usd joined the previous day's FX rate for a whole quarter. The
 released code is deliberately wrong (the rate applied one day late); then, one command each:

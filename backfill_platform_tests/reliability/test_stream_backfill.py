@@ -1,11 +1,11 @@
-"""History loaded into the tables a live stream is writing (issue 32, contract 1.4): the
+"""History loaded into the tables a live stream is writing (contract 1.4): the
 stream runs as its detached process, fed at a steady rate, while a backfill of every layer
 (with its checks) rewrites the landing zone's history over the same tables in a process of
 its own. The export and the stream overlap on the launch day, and some orders come both
 ways. After both finish and the rolling window has folded the stream's days in: every
 offset in raw once, every landing line in raw, and staging, rejects and the marts equal to
 the contract's answer over landing files and messages together. The backfill is SIGKILLed
-once in the middle of a pass and run again (issue 32, part 8): nothing lost, nothing twice.
+once in the middle of a pass and run again: nothing lost, nothing twice.
 
 Twice at RELIABILITY_SIZE=full, the store's trial alone at the small size (CI): on a local
 root, where the table lock takes the two writers in turns, and on an S3-compatible store
