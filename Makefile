@@ -8,8 +8,8 @@ JARS := .spark-jars/.fetched
 # $(call absolute,PATH): PATH against the repository when relative (spaces kept, URLs as they
 # are): Dagster wants an absolute DAGSTER_HOME, and a server's folder must not depend on the
 # working directory of whoever reads its address.
-absolute = $(shell p='$(1)'; case "$$p" in /*|*://*|'') printf '%s' "$$p";; \
-	*) printf '%s' "$(CURDIR)/$$p";; esac)
+absolute = $(shell p='$(1)'; case "$$p" in (/*|*://*|'') printf '%s' "$$p";; \
+	(*) printf '%s' "$(CURDIR)/$$p";; esac)
 override DAGSTER_HOME := $(call absolute,$(or $(DAGSTER_HOME),.dagster_home))
 export DAGSTER_HOME
 # Set-up output (venv, pip, Maven, the class-data archive) goes here, not to the terminal;
