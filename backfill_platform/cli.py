@@ -122,7 +122,9 @@ from backfill_platform.resources.stream_process import (
 from backfill_platform.runner import (
     Executor,
     InProcessExecutor,
+    RangeRun,
     RunReport,
+    failure_reason,
     observing,
     recording_instance,
     run_range,
@@ -423,13 +425,24 @@ def _backfill(session: Session, args) -> Outcome:
         per_run=args.per_run,
     )
     lines = [f"backfill {days}: {'ok' if report.success else 'FAILED'}", *_backfill_lines(report)]
-    lines += [
-        f"  {','.join(r.assets)} {r.first_key}..{r.last_key}: "
-        f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
-        for r in report.runs
-    ]
+    lines += _run_lines("", report.runs, session.instance)
     payload = {**_backfill_payload(report), "runs": [asdict(r) for r in report.runs]}
     return (0 if report.success else 1), payload, "\n".join(lines)
+
+
+def _run_lines(verb: str, runs: Sequence[RangeRun], instance: DagsterInstance) -> list[str]:
+    """A line per run, and under a failed one the reason its first failed step gave, so the
+    terminal says why without opening the log."""
+    lines = []
+    for r in runs:
+        lines.append(
+            f"  {verb}{','.join(r.assets)} {r.first_key}..{r.last_key}: "
+            f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
+        )
+        if not r.success:
+            reason = r.reason or failure_reason(instance, r.run_id)
+            lines.append(f"    why: {reason or 'no step failed; the run in the UI says why'}")
+    return lines
 
 
 def _follow(act: Callable[[DagsterDeployment], str]) -> Outcome:
@@ -685,11 +698,7 @@ def _stale(session: Session, args) -> Outcome:
         )
     payload["repair_runs"] = [asdict(run) for run in runs.runs]
     payload["repair_not_run"] = [f"{','.join(spec.assets)} {spec.days}" for spec in runs.not_run]
-    lines += [
-        f"  repaired {','.join(run.assets)} {run.first_key}..{run.last_key}: "
-        f"{'ok' if run.success else 'FAILED'} (run {run.run_id})"
-        for run in runs.runs
-    ]
+    lines += _run_lines("repaired ", runs.runs, session.instance)
     lines += _backfill_lines(runs)
     payload.update(_backfill_payload(runs) if runs.backfill_id else {})
     if not runs.success and not runs.backfill_id:
@@ -751,11 +760,9 @@ def _replay(session: Session, args) -> Outcome:
         tags={REPLAY_TAG: done.replay_id},
     )
     lines = [done.describe()]
-    lines += [
-        f"  rebuilt {','.join(r.assets)} {r.first_key}..{r.last_key}: "
-        f"{'ok' if r.success else 'FAILED'} (run {r.run_id})"
-        for r in runs.runs
-    ] or ["  nothing downstream to rebuild"]
+    lines += _run_lines("rebuilt ", runs.runs, session.instance) or [
+        "  nothing downstream to rebuild"
+    ]
     lines += _backfill_lines(runs)
     payload = done.to_dict() | {"rebuild_runs": as_dicts(rebuild_runs(runs))}
     days = sorted({*done.ingest_days, *done.event_days})

@@ -37,6 +37,7 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AssetSelection,
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -88,6 +89,8 @@ class RangeRun:
     run_id: str
     success: bool
     assets: tuple[str, ...] = ()
+    # A failed run's first failed step and its error's own words (`failure_reason`).
+    reason: str | None = None
 
 
 # A Dagster backfill's final status when all of it succeeded.
@@ -334,7 +337,12 @@ class InProcessExecutor:
                 run_config=self.run_config,
             )
             run = RangeRun(
-                spec.days.first, spec.days.last, result.run_id, result.success, tuple(spec.assets)
+                spec.days.first,
+                spec.days.last,
+                result.run_id,
+                result.success,
+                tuple(spec.assets),
+                None if result.success else failure_reason(self.instance, result.run_id),
             )
             report.runs.append(run)
             if on_run:
@@ -343,6 +351,22 @@ class InProcessExecutor:
                 report.not_run = list(plan[index + 1 :])
                 break
         return report
+
+
+def failure_reason(instance: DagsterInstance, run_id: str) -> str | None:
+    """`<step>: <the error's first line>` of the run's first failed step, the innermost cause
+    (the platform's own refusal, not Dagster's wrapper around it); None when no step failed
+    (a run canceled or failed before its steps)."""
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        event = record.dagster_event
+        error = event.step_failure_data.error if event and event.step_failure_data else None
+        if error is None:
+            continue
+        while error.cause is not None:
+            error = error.cause
+        message = (error.message or "").strip().splitlines()
+        return f"{event.step_key}: {message[0] if message else error.cls_name}"
+    return None
 
 
 def per_run_default() -> int:

@@ -1,8 +1,12 @@
-"""Environment settings and their defaults, in one place so the README table can't drift."""
+"""Environment settings, their defaults and meanings, in one place so docs/settings.md can't
+drift (it is generated from here)."""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 
 from dagster import EnvVar
 
@@ -81,57 +85,315 @@ STREAM_SUPERVISOR = EnvVar("BACKFILL_STREAM_SUPERVISOR")
 # The Dagster webserver the CLI launches its backfills on (`make ui` serves this one).
 DAGSTER_URL = EnvVar("DAGSTER_URL")
 
-DEFAULTS: dict[str, str] = {
-    "BACKFILL_LANDING_DIR": "./data/landing",
-    "BACKFILL_LAKEHOUSE_DIR": "./data/lakehouse",
-    "BACKFILL_START_DATE": "2023-01-01",
-    "BACKFILL_END_DATE": "",
-    "SPARK_MASTER": "local[*]",
-    "BACKFILL_S3_ENDPOINT": "",
-    "BACKFILL_S3_REGION": "us-east-1",
-    "BACKFILL_S3_PATH_STYLE": "false",
-    "BACKFILL_S3_ACCESS_KEY_ID": "",
-    "BACKFILL_S3_SECRET_ACCESS_KEY": "",
-    "BACKFILL_PARTITIONS_PER_RUN": "92",
-    "BACKFILL_RUN_TARGET_MB": "256",
-    "BACKFILL_SPARK_SHUFFLE_PARTITIONS": "4",
-    "BACKFILL_SPARK_DRIVER_MEMORY": "3g",
-    "BACKFILL_CHECK_TRAILING_DAYS": "14",
-    "BACKFILL_CHECK_MIN_HISTORY": "3",
-    "BACKFILL_CHECK_ROW_COUNT_FACTOR": "3",
-    "BACKFILL_CHECK_NULL_SPIKE": "0.2",
-    "BACKFILL_SKEW_WORKERS": "8",
-    "BACKFILL_SKEW_TOP_KEY_SHARE": "0.1",
-    "BACKFILL_SKEW_NULL_SHARE": "0.25",
-    "BACKFILL_SKEW_MAX_MEDIAN_RATIO": "50",
-    "BACKFILL_SKEW_IMBALANCE": "2",
-    "BACKFILL_DRIFT_THRESHOLD": "0.05",
-    "BACKFILL_SHADOW_RETENTION_HOURS": "168",
-    "BACKFILL_VACUUM_RETENTION_HOURS": "168",
-    "BACKFILL_MAX_RANGE_DAYS": "366",
-    "BACKFILL_LIVE_WINDOW_DAYS": "3",
-    "BACKFILL_AUTO_REPAIR_STALE": "false",
-    "BACKFILL_STALENESS_AUDIT_SECONDS": "1800",
-    "BACKFILL_CRM_URL": "http://127.0.0.1:8765",
-    "BACKFILL_CRM_RATE_LIMIT": "20",
-    "BACKFILL_CRM_LIVE_RESERVE": "0.25",
-    "BACKFILL_CRM_MAX_ATTEMPTS": "8",
-    "BACKFILL_CRM_CONCURRENCY": "4",
-    "BACKFILL_CRM_LIMITER_BACKEND": "auto",
-    "BACKFILL_CRM_LIMITER": "",
-    "DAGSTER_PG_HOST": "",
-    "DAGSTER_PG_PORT": "5432",
-    "DAGSTER_PG_USERNAME": "",
-    "DAGSTER_PG_DB": "",
-    "DAGSTER_URL": "http://127.0.0.1:3000",
-    "BACKFILL_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
-    "BACKFILL_ORDERS_TOPIC": "orders",
-    "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH": "100000",
-    "BACKFILL_STREAM_FRESHNESS_SECONDS": "",
-    "BACKFILL_STREAM_STAGING": "false",
-    "BACKFILL_STREAM_CHECK": "false",
-    "BACKFILL_STREAM_SUPERVISOR": "false",
-}
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment setting: its default when unset and a line for docs/settings.md."""
+
+    name: str
+    default: str
+    meaning: str
+    # How the page shows the default where the bare value would mislead (an empty one).
+    shown: str = ""
+
+    def row(self) -> str:
+        default = self.shown or (f"`{self.default}`" if self.default else "empty")
+        return f"| `{self.name}` | {default} | {self.meaning} |"
+
+
+# The order of docs/settings.md. `python -m backfill_platform.settings` writes that page from
+# this table; test_settings_page.py fails when they differ.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "BACKFILL_LANDING_DIR",
+        "./data/landing",
+        "landing zone root (contract section 1); a local path or `s3a://bucket/prefix`",
+    ),
+    Setting(
+        "BACKFILL_LAKEHOUSE_DIR",
+        "./data/lakehouse",
+        "Delta tables root (contract section 2); a local path or `s3a://bucket/prefix` "
+        "([object-storage.md](object-storage.md))",
+    ),
+    Setting(
+        "BACKFILL_S3_ENDPOINT",
+        "",
+        "S3-compatible endpoint URL for `s3a://` roots",
+        "empty: AWS for the region",
+    ),
+    Setting("BACKFILL_S3_REGION", "us-east-1", "the bucket's region"),
+    Setting(
+        "BACKFILL_S3_PATH_STYLE",
+        "false",
+        "`true`: path-style bucket addressing (most self-hosted S3 servers)",
+    ),
+    Setting(
+        "BACKFILL_S3_ACCESS_KEY_ID",
+        "",
+        "static access key; read as a Dagster `EnvVar`",
+        "empty: S3A's default chain (`AWS_*`, profile, instance/pod role)",
+    ),
+    Setting(
+        "BACKFILL_S3_SECRET_ACCESS_KEY",
+        "",
+        "its secret; read as a Dagster `EnvVar`, never logged or shown",
+    ),
+    Setting(
+        "BACKFILL_START_DATE",
+        "2023-01-01",
+        "first daily partition (UTC); `make demo` / `make ui` / `make cli` set it to the "
+        "demo's first day",
+    ),
+    Setting(
+        "BACKFILL_END_DATE",
+        "",
+        "last daily partition (inclusive); `make demo` / `make ui` / `make cli` set it to "
+        "the landing zone's newest day (with `STREAM=on`, the stream's last day)",
+        "empty: yesterday (UTC)",
+    ),
+    Setting("SPARK_MASTER", "local[*]", "Spark master URL (`spark://host:7077` for a cluster)"),
+    Setting(
+        "BACKFILL_PARTITIONS_PER_RUN",
+        "92",
+        "days per run of a deployment's backfill (Dagster's `BackfillPolicy`) and of the "
+        "live path's runs; set, it also fixes an in-process backfill's days per run (as "
+        "`--per-run` does)",
+    ),
+    Setting(
+        "BACKFILL_RUN_TARGET_MB",
+        "256",
+        "in process (`make demo`, the CLI's `--in-process`, repairs, shadows): as few runs "
+        "as keep each near this much landing input, balanced "
+        '([performance.md](performance.md), "Runs sized by work")',
+    ),
+    Setting("BACKFILL_SPARK_SHUFFLE_PARTITIONS", "4", "`spark.sql.shuffle.partitions`"),
+    Setting("BACKFILL_SPARK_DRIVER_MEMORY", "3g", "`spark.driver.memory`"),
+    Setting(
+        "BACKFILL_CHECK_TRAILING_DAYS",
+        "14",
+        "quality checks: days before a partition that form its baseline ([checks.md](checks.md))",
+    ),
+    Setting(
+        "BACKFILL_CHECK_MIN_HISTORY",
+        "3",
+        "quality checks: earlier days with rows needed before volume / NULL-rate bounds apply",
+    ),
+    Setting(
+        "BACKFILL_CHECK_ROW_COUNT_FACTOR",
+        "3",
+        "rows of a day must lie within median/F .. median x F of the baseline (WARN)",
+    ),
+    Setting(
+        "BACKFILL_CHECK_NULL_SPIKE",
+        "0.2",
+        "a column's NULL share may exceed its baseline mean by at most this (WARN)",
+    ),
+    Setting(
+        "BACKFILL_SKEW_WORKERS",
+        "8",
+        "N of the hash partitioning the skew check simulates on customer_id",
+    ),
+    Setting(
+        "BACKFILL_SKEW_TOP_KEY_SHARE",
+        "0.1",
+        "skew WARN above this share of a day's rows on one customer",
+    ),
+    Setting(
+        "BACKFILL_SKEW_NULL_SHARE",
+        "0.25",
+        "skew WARN above this share of NULL customer_id (guests)",
+    ),
+    Setting(
+        "BACKFILL_SKEW_MAX_MEDIAN_RATIO", "50", "skew WARN above this max/median rows per customer"
+    ),
+    Setting(
+        "BACKFILL_SKEW_IMBALANCE",
+        "2",
+        "skew WARN above this largest/mean hash bucket across N workers",
+    ),
+    Setting(
+        "BACKFILL_DRIFT_THRESHOLD",
+        "0.05",
+        "drift WARN above this relative change (or NULL-rate change) vs the previous Delta version",
+    ),
+    Setting(
+        "BACKFILL_SHADOW_RETENTION_HOURS",
+        "168",
+        "how long a cut-over shadow and old files are kept",
+    ),
+    Setting(
+        "BACKFILL_VACUUM_RETENTION_HOURS",
+        "168",
+        "the weekly VACUUM (`weekly_vacuum_schedule`, Sunday 03:00 UTC) keeps files this "
+        "young; never below the shadow retention",
+    ),
+    Setting(
+        "BACKFILL_MAX_RANGE_DAYS",
+        "366",
+        "operator ranges longer than this need an explicit confirmation (`--yes`)",
+    ),
+    Setting(
+        "BACKFILL_LIVE_WINDOW_DAYS",
+        "3",
+        "the event days the rolling window rebuilds ([live-path.md](live-path.md))",
+    ),
+    Setting(
+        "BACKFILL_AUTO_REPAIR_STALE",
+        "false",
+        "`true`: the staleness sensor requests the repair itself",
+    ),
+    Setting(
+        "BACKFILL_STALENESS_AUDIT_SECONDS",
+        "1800",
+        "least time between staleness audits while the last one was clean",
+    ),
+    Setting(
+        "BACKFILL_CRM_URL",
+        "http://127.0.0.1:8765",
+        "the CRM's base URL; when set, `make demo` / `make ui` start no demo CRM "
+        "([crm.md](crm.md))",
+    ),
+    Setting(
+        "BACKFILL_CRM_TOKEN",
+        "",
+        "bearer token; read as a Dagster `EnvVar`, never logged",
+        "none (`make demo` / `make ui`: `demo-crm-token`)",
+    ),
+    Setting("BACKFILL_CRM_RATE_LIMIT", "20", "CRM requests per second, all processes together"),
+    Setting(
+        "BACKFILL_CRM_LIVE_RESERVE",
+        "0.25",
+        "share of the limit kept for the live path: backfills together use at most "
+        "floor((1 - reserve) x limit) per second",
+    ),
+    Setting(
+        "BACKFILL_CRM_MAX_ATTEMPTS",
+        "8",
+        "attempts per customer on 5xx, timeouts and dropped connections (429s wait "
+        "`Retry-After` and do not count)",
+    ),
+    Setting(
+        "BACKFILL_CRM_CONCURRENCY",
+        "4",
+        "CRM calls in flight at once per run (threads); the rate limit still sets the "
+        "pace, this hides the CRM's latency",
+    ),
+    Setting(
+        "BACKFILL_CRM_LIMITER_BACKEND",
+        "auto",
+        "which holds the CRM rate limiter's window: `auto` (the file "
+        "`BACKFILL_CRM_LIMITER` names; else the Dagster instance's PostgreSQL when "
+        "`DAGSTER_PG_HOST` is set; else the SQLite file beside a local lakehouse root), "
+        "`sqlite` or `postgres`; an `s3a://` root with neither is refused",
+    ),
+    Setting(
+        "BACKFILL_CRM_LIMITER",
+        "",
+        "the SQLite file every process's rate limiter shares (one machine, or a volume "
+        "every machine mounts)",
+        "empty: `crm_rate_limit.sqlite` beside the lakehouse root",
+    ),
+    Setting(
+        "DAGSTER_PG_HOST",
+        "",
+        "the Dagster instance's PostgreSQL (`deploy/dagster-postgres.yaml`), also the CRM "
+        "limiter's under `auto`/`postgres`",
+    ),
+    Setting("DAGSTER_PG_PORT", "5432", "its port"),
+    Setting("DAGSTER_PG_USERNAME", "", "its user"),
+    Setting("DAGSTER_PG_PASSWORD", "", "its password, read where a connection opens, never logged"),
+    Setting("DAGSTER_PG_DB", "", "its database"),
+    Setting(
+        "BACKFILL_KAFKA_BOOTSTRAP",
+        "127.0.0.1:9092",
+        "the live stream's Kafka bootstrap servers (contract 1.4); `make kafka-start` "
+        "starts a broker there (controller on the next port when free)",
+    ),
+    Setting("BACKFILL_ORDERS_TOPIC", "orders", "the order topic"),
+    Setting(
+        "BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH",
+        "100000",
+        "most messages per stream micro-batch (Spark's `maxOffsetsPerTrigger`)",
+    ),
+    Setting(
+        "BACKFILL_STREAM_FRESHNESS_SECONDS",
+        "",
+        "where the stream runs: `raw/orders` fails its freshness policy after this many "
+        "seconds without a stream commit, warns after half (at least `60`; empty: no "
+        "policy)",
+    ),
+    Setting(
+        "BACKFILL_STREAM_STAGING",
+        "false",
+        "`true`: the stream folds each batch into `staging/orders` and its rejects itself "
+        "(skipping days a freeze holds), instead of leaving staging to the rolling window",
+    ),
+    Setting(
+        "BACKFILL_STREAM_CHECK",
+        "false",
+        "`true` where the stream runs: `raw/orders` carries the non-blocking "
+        "`stream_offsets_once` check (every broker offset once per day), which asks the "
+        "broker in every `raw/orders` run",
+    ),
+    Setting(
+        "BACKFILL_STREAM_SUPERVISOR",
+        "false",
+        "`true`: the `stream_supervisor` sensor is running by default (it starts the "
+        "stream when it is not running); `make ui STREAM=on` sets it",
+    ),
+    Setting(
+        "DAGSTER_URL",
+        "http://127.0.0.1:3000",
+        "the Dagster webserver the CLI launches `backfill`, `shadow`, the cutover's "
+        "rebuild and `stale --repair` on ([operations.md](operations.md))",
+    ),
+)
+DEFAULTS: dict[str, str] = {s.name: s.default for s in SETTINGS}
+
+# Read by Dagster or the Makefile, not by the code location; on the page for completeness.
+OTHER_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "DAGSTER_HOME",
+        "",
+        "Dagster instance; gets `deploy/dagster.yaml` (under `local-postgres`, with its "
+        "storage set to the local server); command logs go to its `backfill-logs/`",
+        "`./.dagster_home` (the Makefile's; the CLI uses the repository's when unset)",
+    ),
+    Setting(
+        "DAGSTER_STORAGE",
+        "local-postgres",
+        "a Makefile variable: Dagster's instance for `make demo`, `ui`, `cli`: "
+        "`local-postgres` a PostgreSQL server of the demo's own (the virtualenv's) in "
+        "`POSTGRES_DATA` (`data/postgres`), `sqlite` files in DAGSTER_HOME, `postgres` "
+        "`deploy/dagster-postgres.yaml` with a server from `DAGSTER_PG_*`",
+    ),
+    Setting(
+        "DAGSTER_EVENT_BATCH_SIZE",
+        "1000",
+        "Dagster's own setting: a step's per-partition events in one storage call where "
+        "the storage can (PostgreSQL); the Makefile exports it, the demo's and CLI's "
+        "process set it when unset",
+    ),
+)
+SETTINGS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+
+
+def settings_page() -> str:
+    """docs/settings.md, from SETTINGS and OTHER_SETTINGS."""
+    rows = "\n".join(s.row() for s in SETTINGS)
+    other = "\n".join(s.row() for s in OTHER_SETTINGS)
+    return (
+        "# Settings\n\n"
+        "Environment variables, read with Dagster's `EnvVar` when the code location loads "
+        "(the live path's on every sensor tick). Generated from `backfill_platform/settings.py` "
+        "by `python -m backfill_platform.settings`; a test fails when this page and the code "
+        "differ.\n\n"
+        "| variable | default | meaning |\n|---|---|---|\n"
+        f"{rows}\n\n"
+        "Read by Dagster or the Makefile:\n\n"
+        "| variable | default | meaning |\n|---|---|---|\n"
+        f"{other}\n"
+    )
 
 
 class SettingError(ValueError):
@@ -190,3 +452,9 @@ def fraction_setting(var: EnvVar) -> float:
     if value is None or not 0.0 <= value < 1.0:
         raise SettingError(f"{var.env_var_name}={text!r}: not a number in [0, 1)")
     return value
+
+
+if __name__ == "__main__":
+    SETTINGS_PAGE.write_text(settings_page())
+    print(f"wrote {SETTINGS_PAGE.relative_to(Path.cwd().resolve())}")
+    sys.exit(0)

@@ -9,7 +9,6 @@ of that lakehouse, corrupts one table with a new Delta version through the one w
 import shutil
 from dataclasses import dataclass
 from datetime import date, timedelta
-from pathlib import Path
 
 import pytest
 from dagster import (
@@ -548,12 +547,3 @@ def test_rolling_window_holds_partitions_whose_blocking_check_failed():
     instance.report_runless_asset_event(_evaluation(ltv_check, [DAYS[2]], [DAYS[2]]))
     request = tick().run_requests[0]
     assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == (DAYS[2], DAYS[5])
-
-
-def test_check_settings_have_documented_defaults():
-    from backfill_platform.settings import DEFAULTS
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    for name in DEFAULTS:
-        if name.startswith(("BACKFILL_CHECK_", "BACKFILL_SKEW_", "BACKFILL_DRIFT_")):
-            assert f"`{name}`" in readme

@@ -621,6 +621,18 @@ def test_reingesting_a_day_whose_landing_files_are_gone_is_refused(ops_env):
     assert full_rows(platform, "raw/orders") == raw_before
     assert platform.version("raw/orders") == version
 
+    # The CLI's backfill says why on the terminal, under the run it failed.
+    days = ["--select", "raw/orders", "--start", DAYS[0], "--end", DAYS[1]]
+    status, failed = run_cli("backfill", *days)
+    (run,) = failed["runs"]
+    assert status == 1 and run["reason"].startswith("raw__orders: "), run
+    assert "part-0000.jsonl" in run["reason"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["backfill", *days, "--in-process"]) == 1
+    assert f"    why: {run['reason']}" in out.getvalue().splitlines(), out.getvalue()
+    assert platform.version("raw/orders") == version
+
     # A deliberate purge is allowed through typed run config and recorded on the commit.
     purge = materialize(
         all_assets,

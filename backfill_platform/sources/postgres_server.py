@@ -225,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dagster-home", type=Path, help="write its dagster.yaml (start)")
     args = parser.parse_args(argv)
     data = args.data.resolve()
+    cwd = Path.cwd().resolve()
+    shown = data.relative_to(cwd) if data.is_relative_to(cwd) else data
     try:
         if args.action == "stop":
             try:
                 stopped = stop(data)
             except PostgresUnavailable:
                 stopped = False
-            print(f"PostgreSQL of {args.data} {'stopped' if stopped else 'not running'}")
+            print(f"PostgreSQL of {shown} {'stopped' if stopped else 'not running'}")
             return 0
         try:
             started = start(data)
@@ -243,13 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if started:
             print(
-                f"Dagster's instance: PostgreSQL in {args.data}, started "
-                "(make postgres-stop stops it)"
+                f"Dagster's instance: PostgreSQL in {shown}, started (make postgres-stop stops it)"
             )
         if args.dagster_home:
             write_dagster_yaml(args.dagster_home.resolve(), data)
     except (PostgresServerError, psycopg2.Error, OSError) as error:
-        print(f"Refused: {error} ({args.data / LOG_FILE})", file=sys.stderr)
+        print(f"Refused: {error} ({shown / LOG_FILE})", file=sys.stderr)
         return 1
     return 0
 

@@ -1,0 +1,181 @@
+"""Every command the README shows runs as the README writes it, and says what it promises.
+
+The commands are read out of README.md's bash blocks and run in order in the repository, with
+a small demo (the Makefile's documented DEMO_START/DEMO_END/ORDERS_PER_DAY, given in the
+environment so the text stays the README's) and data folders of the test's own. `make test`
+is the suite this runs in. CI runs `make demo` itself too, with the default folders.
+
+Real processes: make, the demo's PostgreSQL, Kafka, Spark, Delta, the Dagster webserver and
+daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+# What the README shows, in order (a changed README must change this list and its checks).
+COMMANDS = [
+    "make demo",
+    "make test",
+    "make ui",
+    "make deliver-day",
+    "make ui",
+    "make demo STREAM=on",
+    "make ui STREAM=on",
+    'make cli ARGS="stream stop" STREAM=on && make kafka-stop',
+    'make cli ARGS="plan --select marts/fct_daily_revenue --start 2025-01-01 --end 2025-01-31"',
+]
+DEMO_START, DEMO_END = "2025-01-01", "2025-01-31"
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The command lines of the README's bash blocks, without their trailing comments."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            command = re.split(r"\s+#\s", line.strip(), maxsplit=1)[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+def test_the_readme_shows_these_commands_and_stays_short():
+    text = README.read_text()
+    assert readme_commands(text) == COMMANDS
+    assert len(text.splitlines()) <= 150
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run(command: str, env: dict[str, str], timeout: float = 900) -> str:
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{command}: exit {done.returncode}\n{output}"
+    assert TRACEBACK not in output, f"{command}\n{output}"
+    return done.stdout
+
+
+def _ui(command: str, env: dict[str, str], until=None) -> None:
+    """A `make ui` command in the background until the webserver answers (and `until()` holds),
+    then stopped with its process group, as Ctrl-C would."""
+    port = _free_port()
+    ui = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=REPO,
+        env={**env, "UI_ARGS": f"-p {port}"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    started: list[psutil.Process] = []
+    try:
+        _wait(lambda: _answers(f"http://127.0.0.1:{port}/server_info"), 300, command)
+        started = psutil.Process(ui.pid).children(recursive=True)
+        if until is not None:
+            _wait(until, 300, f"{command}: {until.__doc__}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ui.wait(timeout=120)
+        for process in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGKILL)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s")
+        time.sleep(2)
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(tmp_path):
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "BACKFILL_"))}
+    env.update(
+        DEMO_START=DEMO_START,
+        DEMO_END=DEMO_END,
+        ORDERS_PER_DAY="10",
+        DAGSTER_HOME=str(tmp_path / "home"),
+        BACKFILL_LANDING_DIR=str(data / "landing"),
+        BACKFILL_LAKEHOUSE_DIR=str(data / "lakehouse"),
+        BACKFILL_KAFKA_BOOTSTRAP=f"127.0.0.1:{_free_port()}",
+        # the session's CRM (conftest): a demo CRM on the default port could collide
+        BACKFILL_CRM_URL=os.environ["BACKFILL_CRM_URL"],
+        BACKFILL_CRM_TOKEN=os.environ["BACKFILL_CRM_TOKEN"],
+    )
+    commands = readme_commands(README.read_text())
+    assert commands == COMMANDS
+    stream_pid = tmp_path / "home" / "stream" / "raw_orders_stream.pid"
+    try:
+        demo = _run(commands[0], env)
+        first = demo.splitlines()[0]
+        assert first.startswith("log: ") and first.endswith("(set-up, Dagster and Spark)")
+        assert "marts reconcile with the contract's answer: YES" in demo
+        assert len(demo.splitlines()) < 30
+        _ui(commands[2], env)
+        delivered = _run(commands[3], env)
+        assert delivered.startswith("delivered 2025-02-01 ")
+        _ui(commands[4], env)
+        streamed = _run(commands[5], env)
+        assert "marts reconcile with the contract's answer: YES" in streamed
+        assert "every day reconciles" in streamed
+        assert len(streamed.splitlines()) < 30
+
+        def stream_started() -> bool:
+            """the stream_supervisor sensor starts the stream"""
+            return stream_pid.is_file()
+
+        _ui(commands[6], env, until=stream_started)
+        stopped = _run(commands[7], env)
+        assert "stream stopped" in stopped or "not running" in stopped, stopped
+        planned = _run(commands[8], env)
+        assert "marts/fct_daily_revenue" in planned
+    finally:
+        subprocess.run(
+            ["bash", "-c", "make kafka-stop; make postgres-stop"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
