@@ -91,6 +91,15 @@ def start_crm_server(
     return CrmProcess(process, f"http://{host}:{port}", log)
 
 
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 DEMO_TOKEN = "demo-crm-token"
 DEMO_PORT = 8765
 
@@ -105,7 +114,9 @@ def demo_crm(data_dir: Path, log: Path | None = None) -> Iterator[CrmProcess | N
         return
     token = os.environ.get("BACKFILL_CRM_TOKEN") or DEMO_TOKEN
     rate = int(os.environ.get("BACKFILL_CRM_RATE_LIMIT") or 20)
-    with start_crm_server(data_dir, token=token, rate=rate, port=DEMO_PORT, log=log) as server:
+    # Another demo CRM (`make ui` in another terminal) may hold the usual port.
+    port = DEMO_PORT if _port_free(DEMO_PORT) else None
+    with start_crm_server(data_dir, token=token, rate=rate, port=port, log=log) as server:
         saved = {k: os.environ.get(k) for k in ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN")}
         os.environ.update({"BACKFILL_CRM_URL": server.url, "BACKFILL_CRM_TOKEN": token})
         try:
