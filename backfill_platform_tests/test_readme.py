@@ -156,7 +156,7 @@ def test_every_readme_command_runs_as_written(tmp_path):
         assert "marts reconcile with the contract's answer: YES" in demo
         # the README's account, line for line in shape (set-up was done by `make test`)
         shown = [line for line in readme_demo_output(README.read_text()) if "set-up:" not in line]
-        assert [line.split()[0] for line in demo.splitlines()] == [
+        assert [(line.split() or [""])[0] for line in demo.splitlines()] == [
             line.split()[0] for line in shown
         ], demo
         _ui(commands[2], env)

@@ -8,7 +8,8 @@ itself reported: that is how cycles get hidden. Layers, lowest first; a module m
 package and any lower layer, nothing above it, nor a peer package of its layer (assets and
 checks; automation and operations); core and entry modules may import each other:
 
-    core        settings, tables, partitions, ranges, lineage, runner, deployment, refusals
+    core        settings, tables, partitions, ranges, lineage, runner, deployment, refusals,
+                processes
     resources   Spark session, lakehouse, landing zone, IO manager
     transforms  the Spark logic
     assets, checks
@@ -29,7 +30,17 @@ PACKAGE = "backfill_platform"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: list[set[str]] = [
-    {"settings", "tables", "partitions", "ranges", "lineage", "runner", "deployment", "refusals"},
+    {
+        "settings",
+        "tables",
+        "partitions",
+        "ranges",
+        "lineage",
+        "runner",
+        "deployment",
+        "refusals",
+        "processes",
+    },
     {"resources"},
     {"transforms"},
     {"assets", "checks"},

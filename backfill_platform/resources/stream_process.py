@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from backfill_platform.processes import running_as
 from backfill_platform.resources.kafka import QUERY_NAME
 
 STOP_TIMEOUT_SECONDS = 120
@@ -121,16 +122,14 @@ class StreamProcess:
         return pid
 
 
+# What the stream's command line holds (`StreamProcess.start`): a pid file's pid that no
+# longer runs this is another process now, never signalled.
+STREAM_COMMAND = ("backfill_platform", "stream", "run")
+
+
 def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie left for its parent to reap."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-            return False
-    return True
+    """The stream's process exists (a reused pid is not it)."""
+    return running_as(pid, *STREAM_COMMAND)
 
 
 def _package_path() -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from backfill_platform.processes import running_as
 from backfill_platform.resources.jars import KAFKA_BROKER_DIR
 from backfill_platform.resources.kafka import CLIENT_LOG
 from backfill_platform.resources.spark import spark_jars_dir
@@ -135,7 +136,11 @@ class KafkaBroker:
         if self.process is not None:
             return self.process.pid if self.process.poll() is None else None
         path = self.data / PID_FILE
-        return int(path.read_text()) if path.exists() else None
+        pid = int(path.read_text()) if path.exists() else None
+        if pid is not None and not _alive(pid, None):
+            path.unlink(missing_ok=True)  # a broker that ended; its pid may be another's now
+            return None
+        return pid
 
     def _reap(self) -> None:
         if self.process is not None:
@@ -292,14 +297,10 @@ def admin_client(bootstrap: str) -> AdminClient:
 def _alive(pid: int, process: subprocess.Popen | None) -> bool:
     if process is not None:
         return process.poll() is None
-    with contextlib.suppress(ChildProcessError):  # not our child: the signal probe decides
+    with contextlib.suppress(ChildProcessError):  # not our child: its command line decides
         if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our detached child, exited: reaped here
             return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return running_as(pid, "kafka.Kafka")  # a reused pid is another process
 
 
 def main(argv: list[str] | None = None) -> int:

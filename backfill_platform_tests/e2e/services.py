@@ -79,7 +79,9 @@ class Service:
     name: str
     process: subprocess.Popen
     log: Path
-    descendants: set[int] = field(default_factory=set)
+    # Kept as psutil handles, not pids: a handle refuses to signal a process that reused its
+    # pid (pids wrap at 32,768 here, and CI starts thousands of processes).
+    descendants: dict[int, psutil.Process] = field(default_factory=dict)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -89,7 +91,7 @@ class Service:
             children = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.Error:
             return
-        self.descendants |= {c.pid for c in children}
+        self.descendants.update({c.pid: c for c in children})
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the process group, wait, SIGKILL it and any descendant that escaped it."""
@@ -98,9 +100,9 @@ class Service:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace)
         _signal_group(self.process.pid, signal.SIGKILL)
-        for pid in self.descendants:
+        for process in self.descendants.values():
             with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
+                process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 

@@ -1,0 +1,55 @@
+"""A pid file whose process ended names nobody: once its pid is reused by another process,
+`stream stop` and `make kafka-stop` leave that process alone."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from backfill_platform.processes import running_as
+from backfill_platform.resources.stream_process import StreamProcess
+from backfill_platform.sources.kafka_broker import PID_FILE, running_broker
+
+
+def _bystander() -> subprocess.Popen:
+    """Another user's process, holding the pid a stale pid file names."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+
+
+def test_a_stale_stream_pid_file_never_signals_the_process_that_reused_its_pid(tmp_path: Path):
+    bystander = _bystander()
+    try:
+        stream = StreamProcess(tmp_path / "stream")
+        stream.directory.mkdir()
+        stream.pid_file.write_text(str(bystander.pid))
+        assert stream.pid() is None  # not the stream: the file is stale
+        assert stream.stop(timeout=2) is None
+        assert bystander.poll() is None  # still running
+        assert not stream.pid_file.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_stale_broker_pid_file_never_signals_the_process_that_reused_its_pid(tmp_path: Path):
+    bystander = _bystander()
+    try:
+        (tmp_path / PID_FILE).write_text(str(bystander.pid))
+        broker = running_broker(tmp_path, "127.0.0.1:9")
+        broker.stop(timeout=2)
+        broker.kill()
+        assert bystander.poll() is None
+        assert not (tmp_path / PID_FILE).exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_running_as_reads_the_command_line():
+    bystander = _bystander()
+    try:
+        assert running_as(bystander.pid, "time.sleep(300)")
+        assert not running_as(bystander.pid, "kafka.Kafka")
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert not running_as(bystander.pid, "time.sleep(300)")  # gone
