@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.stream import stream_position, stream_rows
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.operations.arguments import InvalidArgument
+from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources.kafka import OrdersTopicResource, offset_spans
@@ -251,7 +252,9 @@ def _replay_chunk(lakehouse, orders, replay_id, p, lo, hi, touched: set[str]) ->
 
 
 def _report(instance: DagsterInstance, topic: str, replay_id: str, chunk: ReplayChunk) -> None:
-    for day in chunk.ingest_days:
+    """A runless materialization of each partition the chunk rewrote. A day past the last
+    partition is not one: the stream holds it and reports it once it is."""
+    for day in in_partitions(chunk.ingest_days):
         instance.report_runless_asset_event(
             AssetMaterialization(
                 asset_key=RAW_ORDERS,

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.assets.staging import staging_frames
+from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource, offset_spans
@@ -252,15 +253,21 @@ def fold_into_staging(
     return staged, held, time.monotonic() - started
 
 
-def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> None:
+def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> list[str]:
     """Dagster has no streaming runs: each committed batch is a runless materialization of
     every raw/orders partition it wrote (batch id, Delta version, rows, offsets), so the
     asset's partitions show the stream's progress per day beside the backfills' runs and
     their downstream partitions turn stale as late messages land. A replay that Delta
-    skipped wrote nothing to raw and is not reported; what a fold staged is."""
+    skipped wrote nothing to raw and is not reported; what a fold staged is.
+
+    Only partitions are reported: a day past the last one (a message stamped after
+    BACKFILL_END_DATE, or today while the partitions end yesterday) is not a partition the
+    code location defines. Returns the raw/orders days it held back that way; their rows
+    are in raw, and `stream_events.StreamReporter` reports them once they are partitions."""
     spans = MetadataValue.json(offset_spans(batch.offsets))
     for name, versions in sorted(batch.staged.items()):
-        for day, version in sorted(versions.items()):
+        for day in in_partitions(sorted(versions)):
+            version = versions[day]
             instance.report_runless_asset_event(
                 AssetMaterialization(
                     asset_key=AssetKey.from_user_string(name),
@@ -274,8 +281,10 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> N
                 )
             )
     if batch.delta_version is None:
-        return
-    for day, rows in sorted(batch.rows_by_day.items()):
+        return []
+    defined = in_partitions(sorted(batch.rows_by_day))
+    for day in defined:
+        rows = batch.rows_by_day[day]
         instance.report_runless_asset_event(
             AssetMaterialization(
                 asset_key=RAW_ORDERS,
@@ -291,6 +300,7 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> N
                 },
             )
         )
+    return sorted(set(batch.rows_by_day) - set(defined))
 
 
 def catch_up(
