@@ -105,10 +105,10 @@ from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_k
 from backfill_platform.operations.stream import (
     StagingFold,
     catch_up,
-    report_batch,
     run_stream,
     stream_status,
 )
+from backfill_platform.operations.stream_events import StreamReporter
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
@@ -712,13 +712,14 @@ def _stream(session: Session, args) -> Outcome:
     orders = orders_topic_from_settings()
     process = StreamProcess(dagster_home() / "stream")
     if args.action == "catch-up":
+        reporter = StreamReporter(session.instance, session.lake, orders.topic)
+        reporter.release()
         report = catch_up(
-            session.lake,
-            orders,
-            on_batch=_reporter(session, orders.topic),
-            fold=staging_fold(session.instance),
+            session.lake, orders, on_batch=reporter, fold=staging_fold(session.instance)
         )
-        return 0, report.to_dict(), report.describe()
+        text = "\n".join([report.describe(), *(f"  {note}" for note in reporter.notes)])
+        payload = report.to_dict() | {"held_days": reporter.held, "notes": reporter.notes}
+        return 0, payload, text
     if args.action == "run":
         return _run_stream(session, orders, args.trigger_seconds)
     if args.action == "start":
@@ -790,25 +791,26 @@ def staging_fold(instance: DagsterInstance) -> StagingFold | None:
     return StagingFold(frozen=frozen)
 
 
-def _reporter(session: Session, topic: str):
-    """Each committed batch to the instance, as runless materializations of its days."""
-    return lambda batch: report_batch(session.instance, topic, batch)
-
-
 def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
     """The stream in this process until SIGTERM or Ctrl-C; one line per batch as it commits."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
-    reported = _reporter(session, orders.topic)
+    reporter = StreamReporter(session.instance, session.lake, orders.topic)
 
     def show(batch) -> None:
-        reported(batch)
+        said = len(reporter.notes)
+        reporter(batch)
         print(batch.describe(), flush=True)
+        for note in reporter.notes[said:]:
+            print(f"  {note}", flush=True)
 
     into = "raw/orders and staging" if bool_setting(STREAM_STAGING) else "raw/orders"
     print(f"streaming {orders.topic} from {orders.bootstrap_servers} into {into}", flush=True)
+    reporter.release()
+    for note in reporter.notes:
+        print(f"  {note}", flush=True)
     fold = staging_fold(session.instance)
     report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show, fold=fold)
     return 0, report.to_dict(), f"stream stopped after {len(report.batches)} batch(es)"

@@ -35,7 +35,8 @@ from backfill_platform.console import (
 from backfill_platform.definitions import all_assets, build_resources
 from backfill_platform.lineage import Lineage
 from backfill_platform.operations.boundary import reconcile_boundary
-from backfill_platform.operations.stream import catch_up, report_batch
+from backfill_platform.operations.stream import catch_up
+from backfill_platform.operations.stream_events import StreamReporter
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.reconcile import (
@@ -296,7 +297,7 @@ def _stream(args, resources, instance: DagsterInstance) -> bool:
         caught = catch_up(
             lake,
             orders,
-            on_batch=lambda batch: report_batch(instance, orders.topic, batch),
+            on_batch=StreamReporter(instance, lake, orders.topic),
             fold=staging_fold(instance),
         )
         boundary = reconcile_boundary(

@@ -7,6 +7,9 @@ mappings trivial and lets a backfill run every layer for a range in one run.
 
 An explicit end is for a fixed data set (the demo: `make demo` and `make ui` set it to the
 landing zone's newest day, so the UI shows the demo's days and no empty ones after them).
+`BACKFILL_END_DATE=today` makes the current UTC day a partition while it is written
+(Dagster's `end_offset=1`): for a deployment whose live stream reports today's messages as
+they commit (docs/live-stream.md, "Days past the partitions are held").
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from typing import Any
 
 from dagster import DailyPartitionsDefinition, TimeWindow
 
-from backfill_platform.settings import END_DATE, START_DATE, SettingError, day_setting
+from backfill_platform.settings import END_DATE, START_DATE, SettingError, day_setting, setting
+
+TODAY = "today"  # BACKFILL_END_DATE=today: the partitions run through the current UTC day
 
 
-def _definition(first: date | None, last: date | None) -> DailyPartitionsDefinition:
+def _definition(
+    first: date | None, last: date | None, through_today: bool = False
+) -> DailyPartitionsDefinition:
     if first is None:
         raise SettingError("BACKFILL_START_DATE is empty: set the first daily partition")
     if last is not None and last < first:
@@ -30,11 +37,28 @@ def _definition(first: date | None, last: date | None) -> DailyPartitionsDefinit
     # Dagster's end_date is exclusive; the setting names the last partition.
     end = (last + timedelta(days=1)).isoformat() if last else None
     return DailyPartitionsDefinition(
-        start_date=first.isoformat(), end_date=end, timezone="UTC", fmt="%Y-%m-%d"
+        start_date=first.isoformat(),
+        end_date=end,
+        timezone="UTC",
+        fmt="%Y-%m-%d",
+        end_offset=1 if through_today else 0,
     )
 
 
-daily_partitions = _definition(day_setting(START_DATE), day_setting(END_DATE))
+def _from_settings() -> DailyPartitionsDefinition:
+    end = setting(END_DATE).strip()
+    if end.lower() == TODAY:
+        return _definition(day_setting(START_DATE), None, through_today=True)
+    try:
+        last = day_setting(END_DATE)
+    except SettingError:
+        raise SettingError(
+            f"BACKFILL_END_DATE={end!r}: not a day (YYYY-MM-DD) or {TODAY}"
+        ) from None
+    return _definition(day_setting(START_DATE), last)
+
+
+daily_partitions = _from_settings()
 
 
 def in_partitions(keys: Iterable[str | None]) -> list[str]:

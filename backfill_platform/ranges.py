@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from dagster import PartitionKeyRange, TimeWindow
+from dagster import DailyPartitionsDefinition, PartitionKeyRange, TimeWindow
 
 from backfill_platform.partitions import daily_partitions
 
@@ -93,6 +93,18 @@ class DayRange:
         if self.first < first:
             raise InvalidRange(f"{self}: starts before the first daily partition {first}")
         return daily_partitions.get_partition_keys_in_range(self.key_range)
+
+    def day_keys(self) -> list[str]:
+        """Every day of the range, whether or not the partitions reach it yet: for proofs
+        over data, which may hold days past the last partition (the stream writes today's
+        messages while the partitions end yesterday or at BACKFILL_END_DATE)."""
+        calendar = DailyPartitionsDefinition(
+            start_date=self.first,
+            end_date=self.time_window.end.strftime("%Y-%m-%d"),
+            timezone="UTC",
+            fmt="%Y-%m-%d",
+        )
+        return calendar.get_partition_keys_in_range(self.key_range)
 
     def days(self) -> list[date]:
         return [date.fromisoformat(k) for k in self.partition_keys()]

@@ -13,7 +13,8 @@ from dagster import EnvVar
 LANDING_DIR = EnvVar("BACKFILL_LANDING_DIR")
 LAKEHOUSE_DIR = EnvVar("BACKFILL_LAKEHOUSE_DIR")
 START_DATE = EnvVar("BACKFILL_START_DATE")
-# Last daily partition (inclusive); empty: yesterday (UTC), the partitions grow every day.
+# Last daily partition (inclusive); empty: yesterday (UTC), the partitions grow every day;
+# `today`: the current UTC day too (partitions.py).
 END_DATE = EnvVar("BACKFILL_END_DATE")
 SPARK_MASTER = EnvVar("SPARK_MASTER")
 # Object storage for `s3a://` lakehouse and landing roots (README "Deploying"). The keys are

@@ -4,17 +4,30 @@ a landing re-ingest that keeps the stream's rows of its day."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, build_sensor_context
+from confluent_kafka import Consumer, TopicPartition
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetRecordsFilter,
+    DagsterInstance,
+    build_sensor_context,
+)
 from pyspark.sql import functions as F
 
 from backfill_platform import cli
@@ -22,6 +35,7 @@ from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing, staging_vs_raw, versions_of_run
 from backfill_platform.checks.stream import stream_vs_topic
+from backfill_platform.definitions import build_resources
 from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import (
     BatchReport,
@@ -31,8 +45,10 @@ from backfill_platform.operations.stream import (
     report_batch,
     stream_status,
 )
+from backfill_platform.operations.stream_events import StreamReporter, held_days
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.stream_process import StreamProcess
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.sources.crm_process import free_port
 from backfill_platform.sources.kafka_broker import kafka_broker, new_cluster_id, running_broker
@@ -40,7 +56,13 @@ from backfill_platform.sources.kafka_broker import main as kafka_cli
 from backfill_platform.sources.producer import Message, produce, shop_events
 from backfill_platform.tables import RAW_ORDERS, STAGING_ORDERS
 from backfill_platform.transforms.orders import latest_wins
-from backfill_platform_tests.harness import Platform, order_line, point_cli_at
+from backfill_platform_tests.harness import (
+    Platform,
+    order_line,
+    point_cli_at,
+    spark_resource_for_tests,
+)
+from backfill_platform_tests.sensor_ticks import REPO, instance_at
 from backfill_platform_tests.test_contract_rules import REJECTS
 
 pytestmark = pytest.mark.slow
@@ -72,6 +94,13 @@ def _stream_rows(platform: Platform) -> list[dict]:
             "kafka_topic", "kafka_partition", "kafka_offset", "line", "reject_reason", "ingest_date"
         ).collect()
     ]
+
+
+def _offsets_by_partition(produced) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for p in produced:
+        found.setdefault(p.partition, []).append(p.offset)
+    return found
 
 
 def _coordinates(rows) -> list[tuple]:
@@ -112,6 +141,17 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch,
     # Dagster sees the stream: each batch a runless materialization of every day it wrote.
     per_day = Counter(p.message.timestamp.date().isoformat() for p in produced)
     assert _streamed_days(platform.instance) == per_day
+    # Offsets in Kafka's convention, named: the first of the batch and the next after it.
+    (batch,) = report.batches
+    spans = {
+        str(p): {"first": min(o), "next": max(o) + 1}
+        for p, o in _offsets_by_partition(produced).items()
+    }
+    assert report.to_dict()["batches"][0]["offsets"] == spans
+    p, span = next(iter(spans.items()))
+    assert f"p{p} first {span['first']} next {span['next']}" in batch.describe()
+    for record in platform.instance.fetch_materializations(RAW_ORDERS, limit=100).records:
+        assert record.asset_materialization.metadata["batch_offsets"].value == spans
     # Staging and the marts follow the stream through the rolling window: its sensor reacts
     # to the stream's materializations with one ranged run up to the newest streamed day.
     with build_sensor_context(instance=platform.instance) as context:
@@ -155,10 +195,19 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch,
 
     status = stream_status(platform.resources["lakehouse"], orders)
     assert status.lag == 0
+    held = _offsets_by_partition(everything)
     for partition in status.partitions:
         assert partition.copies_in_raw == 0 and partition.missing_in_raw == 0
-        assert partition.checkpoint_next == partition.end == partition.in_raw_next
+        assert partition.checkpoint_next == partition.broker_next == partition.raw_next
+        assert partition.raw_next == max(held.get(partition.partition, [-1])) + 1
+        n = partition.raw_next
+        assert f"broker earliest 0 next {n}, raw next {n} (" in status.describe()
+        assert f"checkpoint next {n}, lag 0" in status.describe()
     assert status.last_batch is not None and status.last_batch["rows"] == len(more)
+    assert status.last_batch["offsets"] == {
+        str(p): {"first": min(o), "next": max(o) + 1}
+        for p, o in _offsets_by_partition(more).items()
+    }
 
     # The status can fail: an offset deleted from raw below its newest is a gap it counts.
     lake, version = platform.resources["lakehouse"], platform.version("raw/orders")
@@ -301,25 +350,68 @@ def test_a_new_cluster_id_never_reads_as_an_option():
     assert {len(i) for i in ids} == {22}
 
 
-def test_a_streamed_day_past_the_partitions_does_not_break_the_live_sensors():
-    """Today's messages: the partitions end yesterday, yet a stream batch reports the day it
-    wrote. The rolling window and the staleness sensor keep working on the partitions (the
-    window ends at the newest one), instead of failing every tick on a key range past the
-    partitions' end (seen in `make ui STREAM=on`, 2026-11-27)."""
+def test_a_streamed_day_past_the_partitions_is_held_not_reported():
+    """Today's messages: the partitions end yesterday. A batch that wrote a partition and
+    today reports the partition only; today is held (no materialization of a partition the
+    code location does not define), named on raw/orders, and a stream started later takes
+    it up. The rolling window and the staleness sensor keep working on the partitions, also
+    where an instance holds a materialization of such a day (any process can report one)."""
     from backfill_platform.automation.stale_sensor import stale_partitions_sensor
 
-    today = datetime.now(UTC).date()
-    in_range, past = "2024-01-10", today.isoformat()
+    today = datetime.now(UTC).date().isoformat()
+    in_range = "2024-01-10"
     with DagsterInstance.ephemeral() as instance:
-        for batch_id, day in enumerate((in_range, past)):
-            report_batch(
-                instance, TOPIC, BatchReport(batch_id, 1, 0, {0: (batch_id,) * 2}, {day: 1}, 1, 0.1)
-            )
+        batch = BatchReport(0, 2, 0, {0: (0, 2)}, {in_range: 1, today: 1}, 1, 0.1)
+        assert report_batch(instance, TOPIC, batch) == [today]
+        assert set(instance.get_materialized_partitions(RAW_ORDERS)) == {in_range}
+
+        reporter = StreamReporter(instance, None, TOPIC)  # releases nothing: no Spark needed
+        reporter(replace(batch, batch_id=1, rows_by_day={today: 1}))
+        assert reporter.held == [today] and held_days(instance, TOPIC) == [today]
+        assert "held " + today in reporter.notes[0]
+        assert StreamReporter(instance, None, TOPIC).held == [today]  # the next start's
+        assert StreamReporter(instance, None, "another_topic").held == []
+        assert set(instance.get_materialized_partitions(RAW_ORDERS)) == {in_range}
+
+        instance.report_runless_asset_event(AssetMaterialization(RAW_ORDERS, partition=today))
         with build_sensor_context(instance=instance) as context:
             (request,) = rolling_window_sensor(context).run_requests
         assert request.tags[RANGE_END_TAG] == in_range
         with build_sensor_context(instance=instance) as context:
             stale_partitions_sensor(context)  # evaluates without an error
+
+
+def test_end_date_today_reports_todays_stream_batches_as_they_commit():
+    """BACKFILL_END_DATE=today, for a deployment whose stream writes today's messages: the
+    current UTC day is a partition, so a batch of today's rows is reported at once (and the
+    freshness policy sees it), not held until midnight. Read when the partitions are
+    defined, so in an interpreter of its own; another word is refused naming the setting."""
+    code = """if True:
+        from datetime import UTC, datetime
+        from dagster import DagsterInstance
+        from backfill_platform.operations.stream import BatchReport, report_batch
+        from backfill_platform.tables import RAW_ORDERS
+        today = datetime.now(UTC).date().isoformat()
+        with DagsterInstance.ephemeral() as instance:
+            batch = BatchReport(0, 1, 0, {0: (0, 1)}, {today: 1}, 1, 0.1)
+            held = report_batch(instance, "orders", batch)
+            print(held, sorted(instance.get_materialized_partitions(RAW_ORDERS)) == [today])
+    """
+    for end, shown in (("today", "[] True"), ("", "['")):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "BACKFILL_END_DATE": end},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0 and done.stdout.startswith(shown), done.stdout + done.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", "import backfill_platform.partitions"],
+        env={**os.environ, "BACKFILL_END_DATE": "tomorrow"},
+        capture_output=True,
+        text=True,
+    )
+    assert "BACKFILL_END_DATE='tomorrow': not a day (YYYY-MM-DD) or today" in done.stderr
 
 
 def test_the_supervisor_runs_by_default_only_where_the_setting_says():
@@ -622,3 +714,203 @@ def test_the_offset_check_reads_from_the_ranges_first_instant_and_counts_late_cl
     # The second day alone: its one message sits after the third day's first one.
     _, metrics = stream_vs_topic(lake, orders, DayRange(keys[1], keys[1]))
     assert (metrics[keys[1]]["messages"], metrics[keys[1]]["missing"]) == (1, 0)
+
+
+def _cli_process(env: dict[str, str], *argv: str) -> tuple[int, dict, str]:
+    """The CLI as a process of its own, as `make cli` runs it (its own partitions from the
+    environment): exit status, the `--json` payload, and everything it printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "backfill_platform", *argv, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    printed = done.stdout + done.stderr
+    assert "Traceback" not in printed, printed
+    return done.returncode, json.loads(done.stdout), printed
+
+
+def test_days_past_the_partitions_are_held_reconciled_and_reported_once_defined(
+    broker, spark, tmp_path
+):
+    """`make produce STREAM_FIRST=300 ...` past the demo's days: the messages are stamped
+    after BACKFILL_END_DATE. The stream keeps their rows in raw/orders (every offset once)
+    but writes no materialization of a partition the code location does not define; it
+    names the held days. `stream reconcile` as `make cli` runs it (the end at the landing
+    zone's last day) proves them too, in one exit 0 and no traceback. Started again with a
+    later end, the stream reports the day that is now a partition, with its rows."""
+    topic, days = "orders_past", ["2024-01-10", "2024-01-11", "2024-01-12"]
+    broker.create_topic(topic, 2)
+    messages = [
+        Message(
+            f"past-{day}-{hour}",
+            order_line(f"past-{day}-{hour}", f"{day}T0{hour}:00:00Z"),
+            datetime.fromisoformat(f"{day}T0{hour}:00:00+00:00"),
+            "version",
+        )
+        for day in days
+        for hour in range(3)
+    ]
+    produced = produce(broker.bootstrap, topic, messages)
+    per_day = Counter(p.message.timestamp.date().isoformat() for p in produced)
+    home = tmp_path / "home"
+    instance_at(home).dispose()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "BACKFILL_LANDING_DIR": str(tmp_path / "landing"),
+        "BACKFILL_LAKEHOUSE_DIR": str(tmp_path / "lakehouse"),
+        "BACKFILL_START_DATE": "2024-01-01",
+        "BACKFILL_END_DATE": days[0],
+        "BACKFILL_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "BACKFILL_ORDERS_TOPIC": topic,
+    }
+    (tmp_path / "landing").mkdir()
+
+    status, payload, printed = _cli_process(env, "stream", "catch-up")
+    assert status == 0, printed
+    assert payload["rows"] == len(produced) and payload["held_days"] == days[1:], printed
+    assert f"held 2 days {days[1]}..{days[2]}: after the last partition {days[0]}" in printed
+    lake = build_resources(
+        str(tmp_path / "landing"), str(tmp_path / "lakehouse"), spark=spark_resource_for_tests()
+    )["lakehouse"]
+    rows = lake.read(RAW_ORDERS).where(F.col("kafka_topic") == topic)
+    assert sorted((r["kafka_partition"], r["kafka_offset"]) for r in rows.collect()) == sorted(
+        (p.partition, p.offset) for p in produced
+    )  # not lost: every message in raw, once
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert _streamed_days(instance) == {days[0]: per_day[days[0]]}
+        assert held_days(instance, topic) == days[1:]
+
+    status, payload, printed = _cli_process(env, "stream", "reconcile")
+    assert status == 0, printed
+    assert [d["day"] for d in payload["days"]] == days and payload["failed_days"] == []
+    assert payload["past_partitions"] == days[1:] and payload["last_partition"] == days[0]
+    assert all(d["messages"] == d["streamed"] == per_day[d["day"]] for d in payload["days"])
+
+    env["BACKFILL_END_DATE"] = days[1]
+    status, payload, printed = _cli_process(env, "stream", "catch-up")
+    assert status == 0, printed
+    assert payload["batches"] == [] and payload["held_days"] == days[2:], printed
+    assert f"reported {days[1]}, held until now a partition" in printed
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert _streamed_days(instance) == {d: per_day[d] for d in days[:2]}
+        (released,) = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=RAW_ORDERS, asset_partitions=[days[1]]), limit=5
+        ).records
+        spans = released.asset_materialization.metadata["day_offsets"].value
+        on_day = [p for p in produced if p.message.timestamp.date().isoformat() == days[1]]
+        assert spans == {
+            str(p): {"first": min(o), "next": max(o) + 1}
+            for p, o in _offsets_by_partition(on_day).items()
+        }
+        assert held_days(instance, topic) == days[2:]
+
+
+def test_the_producer_waits_for_its_full_queue_and_sends_every_message_once(broker, caplog):
+    """An unpaced send larger than the producer's local queue (here 200 messages, as
+    librdkafka's 100,000 is to a 50,000-order demo send): it waits for room instead of
+    dying on BufferError, and every message is on the broker exactly once."""
+    topic = "orders_queue"
+    broker.create_topic(topic, 2)
+    messages = shop_events(LAUNCH, 1500, seed=11, orders_per_day=20_000)
+    caplog.set_level(logging.DEBUG, logger="backfill_platform.sources.producer")
+    produced = produce(
+        broker.bootstrap, topic, messages, config={"queue.buffering.max.messages": 200}
+    )
+    assert len(messages) > 2000 and len(produced) == len(messages)
+    waited = [r.getMessage() for r in caplog.records if "full queue" in r.getMessage()]
+    assert waited, "the queue never filled: the test does not test the wait"
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "queue", "enable.auto.commit": False}
+    )
+    try:
+        ends = OrdersTopicResource(bootstrap_servers=broker.bootstrap, topic=topic).end_offsets()
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        got: list[tuple] = []
+        deadline = time.monotonic() + 120
+        while len(got) < sum(end for _, end in ends.values()) and time.monotonic() < deadline:
+            for record in consumer.consume(1000, timeout=5):
+                assert record.error() is None, record.error()
+                got.append((record.key().decode(), record.value().decode(), record.timestamp()[1]))
+    finally:
+        consumer.close()
+    sent = [(m.key, m.value, int(m.timestamp.timestamp() * 1000)) for m in messages]
+    assert Counter(got) == Counter(sent)  # each once: nothing dropped, nothing doubled
+
+
+def test_the_supervisors_tick_says_what_it_did(broker, tmp_path):
+    """The daemon's own tick of `stream_supervisor`: Dagster's UI labels a tick without runs
+    "0 runs requested", so the tick carries what it did as its skip reason (the label's
+    tooltip and the tick's details), its cursor (the tick table's Cursor column) and a line
+    in its logs. Starting the stream: "started the stream (pid N)"; the next tick, running."""
+    topic = "orders_supervised_ui"
+    broker.create_topic(topic, 1)
+    home = tmp_path / "home"
+    instance_at(home).dispose()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+        "BACKFILL_STREAM_SUPERVISOR": "true",
+        "BACKFILL_START_DATE": "2024-01-01",
+        "BACKFILL_LANDING_DIR": str(tmp_path / "landing"),
+        "BACKFILL_LAKEHOUSE_DIR": str(tmp_path / "lakehouse"),
+        "BACKFILL_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "BACKFILL_ORDERS_TOPIC": topic,
+    }
+    (tmp_path / "landing").mkdir()
+    process = StreamProcess(home / "stream")
+    with open(tmp_path / "daemon.log", "wb") as log:
+        daemon = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        ticks = _supervisor_ticks(home, count=2, timeout=300)
+        pid = process.pid()
+        assert pid is not None
+        started, running = ticks[-1], ticks[-2]  # newest first
+        assert started.skip_reason == f"started the stream (pid {pid}): it was not running"
+        assert started.cursor == f"started pid {pid}"
+        assert running.skip_reason == f"the stream is running (pid {pid}); nothing to do"
+        assert running.cursor == f"running pid {pid}"
+        assert started.log_key, "the tick's logs were not captured"
+        logged = [
+            f.read_text(errors="replace")
+            for f in home.rglob("*")
+            if f.is_file() and f.suffix in (".err", ".out")
+        ]
+        assert any(started.skip_reason in text for text in logged)
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait()
+        process.stop()
+
+
+def _supervisor_ticks(home: Path, count: int, timeout: float) -> list:
+    """The stream_supervisor's stored ticks, newest first, once it has `count` finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with DagsterInstance.from_config(str(home)) as instance:
+            states = [s for s in instance.all_instigator_state() if s.name == "stream_supervisor"]
+            ticks = [
+                t
+                for s in states
+                for t in instance.get_ticks(s.instigator_origin_id, s.selector_id, limit=10)
+                if t.status.value == "SKIPPED"
+            ]
+        if len(ticks) >= count:
+            return sorted(ticks, key=lambda t: t.timestamp, reverse=True)[:count]
+        assert time.monotonic() < deadline, f"{len(ticks)} supervisor tick(s) in {timeout} s"
+        time.sleep(5)

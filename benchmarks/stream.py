@@ -193,8 +193,8 @@ def _steady(lake, orders, fold, args, first_order: int, per_day: int) -> dict:
     def on_batch(batch) -> None:
         now = time.monotonic()
         batches.append(batch.seconds)
-        for p, (lo, hi) in batch.offsets.items():
-            for offset in range(lo, hi + 1):
+        for p, (first, after) in batch.offsets.items():
+            for offset in range(first, after):
                 done_at.setdefault((p, offset), now)
 
     stream = threading.Thread(

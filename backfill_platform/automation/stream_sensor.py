@@ -48,22 +48,34 @@ def stream_process(context: SensorEvaluationContext) -> StreamProcess:
     "(unless `stream stop` stopped it) and reports on raw/orders when it died.",
 )
 def stream_supervisor(context: SensorEvaluationContext) -> SensorResult:
+    """A tick requests no run, so Dagster's UI labels every tick "0 runs requested"; what it
+    did is said three ways: its skip reason (the label's tooltip and the tick's details),
+    its cursor (the tick table's Cursor column: the action and the pid, on every tick) and,
+    when it started the stream, a line in the tick's logs ("View logs")."""
     process = stream_process(context)
     state = process.state()
     if state.pid is not None:
-        return SensorResult(skip_reason=f"stream running (pid {state.pid})")
+        return SensorResult(
+            skip_reason=f"the stream is running (pid {state.pid}); nothing to do",
+            cursor=f"running pid {state.pid}",
+        )
     if state.stopped:
         return SensorResult(
-            skip_reason="stream stopped by `stream stop`; `stream start` runs it again and "
-            "puts it back under this sensor"
+            skip_reason="left the stream stopped: `stream stop` stopped it; `stream start` "
+            "runs it again and puts it back under this sensor",
+            cursor="stopped by stream stop",
         )
     try:
         pid = process.start()
     except StreamProcessError as error:  # another starter won the race: it runs now
-        return SensorResult(skip_reason=str(error))
+        return SensorResult(skip_reason=str(error), cursor="started elsewhere")
     if state.died is None:
-        return SensorResult(skip_reason=f"stream was not running; started it (pid {pid})")
-    context.log.warning(f"the stream (pid {state.died}) died; started it again (pid {pid})")
+        context.log.info(f"started the stream (pid {pid}): it was not running")
+        return SensorResult(
+            skip_reason=f"started the stream (pid {pid}): it was not running",
+            cursor=f"started pid {pid}",
+        )
+    context.log.warning(f"restarted the stream (pid {pid}): pid {state.died} had died")
     died = AssetObservation(
         RAW_ORDERS,
         metadata={
@@ -74,6 +86,7 @@ def stream_supervisor(context: SensorEvaluationContext) -> SensorResult:
         },
     )
     return SensorResult(
-        skip_reason=f"stream (pid {state.died}) died; started it again (pid {pid})",
+        skip_reason=f"restarted the stream (pid {pid}): pid {state.died} had died",
+        cursor=f"restarted pid {pid} ({state.died} died)",
         asset_events=[died],
     )

@@ -89,10 +89,11 @@ def raw_rows_match_landing(
 def raw_vs_landing(
     lakehouse: LakehouseResource, landing: LandingZoneResource, run: DayRange
 ) -> Equation:
-    """The equation of `raw_rows_match_landing` over `run`'s partitions."""
+    """The equation of `raw_rows_match_landing` over `run`'s days (`stream reconcile` also
+    reads days past the last partition)."""
     expected = {
         day: sum(landing.record_count(p) for p in landing.files(ORDERS, [day]))
-        for day in run.partition_keys()
+        for day in run.day_keys()
     }
     stats = {}
     if lakehouse.exists(RAW_ORDERS):
@@ -108,7 +109,7 @@ def raw_vs_landing(
             .collect()
         }
     results, metrics = [], {}
-    for day in run.partition_keys():
+    for day in run.day_keys():
         row = stats.get(day)
         rows = row["rows"] if row else 0
         results.append(PartitionResult(day, expected[day], rows, rows == expected[day]))
@@ -198,7 +199,7 @@ def staging_vs_raw(
     raw_version: int | None = None,
     staging_version: int | None = None,
 ) -> Equation:
-    """The equation of `staging_accounts_for_raw` over `run`'s partitions, raw at
+    """The equation of `staging_accounts_for_raw` over `run`'s days, raw at
     `raw_version` and staging at `staging_version` (None: the current versions)."""
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
@@ -226,7 +227,7 @@ def staging_vs_raw(
         .collect()
     }
     results, metrics = [], {}
-    for day in run.partition_keys():
+    for day in run.day_keys():
         raw_row, row = raw_counts.get(day), staged.get(day)
         expected = raw_row["rows"] if raw_row else 0
         rejects = raw_row["rejects"] if raw_row else 0

@@ -63,11 +63,11 @@ def stream_vs_topic(
     except TopicUnavailable as error:
         results = [
             PartitionResult(day, "the broker's offsets", "no answer", False, str(error))
-            for day in run.partition_keys()
+            for day in run.day_keys()
         ]
         return CheckOutcome(CHECK_NAME, RAW_ORDERS, results, AssetCheckSeverity.WARN, what), {}
     results, metrics = [], {}
-    for day in run.partition_keys():
+    for day in run.day_keys():
         c = counts.get(day) or dict.fromkeys(METRICS, 0)
         reached = c["messages"] - c["pending"]
         passed = c["missing"] == 0 and c["extra_copies"] == 0 and c["not_on_broker"] == 0

@@ -9,6 +9,10 @@
 Plus the handoff: the landing zone's last delivered day and the stream's first message,
 read from the data (raw's rows and the landing folders are the record; nothing else is
 kept that could disagree with them). `backfill-platform stream reconcile` prints it.
+
+The proof reads data, not Dagster's partitions: the stream holds days past the last
+partition (today's messages while the partitions end yesterday, or a shop whose clock ran
+past BACKFILL_END_DATE), and they are proved like any other day and named as such.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.reconciliation import raw_vs_landing, staging_vs_raw
 from backfill_platform.checks.stream import stream_rows, stream_vs_topic
 from backfill_platform.operations.arguments import InvalidArgument
+from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, LandingZoneResource
 from backfill_platform.resources.kafka import OrdersTopicResource, TopicUnavailable
@@ -70,6 +75,13 @@ class BoundaryReport:
     landing_last_day: str | None  # the export's last delivered day
     first_message: str | None  # the stream's first message in raw (its broker timestamp)
     results: list[BoundaryDay] = field(default_factory=list)
+    last_partition: str | None = None  # Dagster's last daily partition when proved
+
+    @property
+    def past_partitions(self) -> list[str]:
+        """Days of the proof after the last partition: data no run or check covers yet."""
+        last = self.last_partition
+        return [d.day for d in self.results if last is None or d.day > last]
 
     @property
     def failed(self) -> list[BoundaryDay]:
@@ -88,6 +100,8 @@ class BoundaryReport:
             "landing_last_day": self.landing_last_day,
             "first_message": self.first_message,
             "overlap_days": self.overlap_days,
+            "last_partition": self.last_partition,
+            "past_partitions": self.past_partitions,
             "failed_days": [d.day for d in self.failed],
             "days": [asdict(d) | {"ok": d.ok} for d in self.results],
         }
@@ -113,6 +127,14 @@ class BoundaryReport:
             f"{totals['pending']} not streamed yet); {totals['both_sources']} order(s) came "
             "both ways",
         ]
+        past = self.past_partitions  # the range's last days, if any
+        if past:
+            lines.append(
+                f"  {DayRange(past[0], past[-1])}: after the last partition "
+                f"({self.last_partition or 'none'}), proved from the data; Dagster's runs, "
+                "checks and the UI take them up once the partitions reach them "
+                "(BACKFILL_END_DATE; unset, the partitions end yesterday)"
+            )
         quiet = [d for d in self.results if d.ok and not (d.messages or d.landing_lines)]
         shown = [d for d in self.results if d not in quiet]
         lines += [d.describe() for d in shown]
@@ -147,8 +169,14 @@ def reconcile_boundary(
     both = _orders_from_both(lakehouse, days)
     landing_by_day = {r.partition: r for r in landing_outcome.results}
     staging_by_day = {r.partition: r for r in staging.results} if staging else {}
-    report = BoundaryReport(orders.topic, days, delivered[-1] if delivered else None, first_message)
-    for day in days.partition_keys():
+    report = BoundaryReport(
+        orders.topic,
+        days,
+        delivered[-1] if delivered else None,
+        first_message,
+        last_partition=daily_partitions.get_last_partition_key(),
+    )
+    for day in days.day_keys():
         s = stream_metrics[day]
         land, stage = landing_by_day[day], staging_by_day.get(day)
         report.results.append(

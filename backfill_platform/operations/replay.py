@@ -29,9 +29,10 @@ from pyspark.sql import functions as F
 from backfill_platform.checks.stream import stream_position, stream_rows
 from backfill_platform.lineage import Lineage, blast_radius
 from backfill_platform.operations.arguments import InvalidArgument
+from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources import LakehouseResource
-from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.kafka import OrdersTopicResource, offset_spans
 from backfill_platform.tables import (
     RAW_ORDERS,
     STAGING_ORDERS,
@@ -58,7 +59,7 @@ class ReplayPlan:
 class ReplayChunk:
     partition: int
     first: int
-    end: int
+    end: int  # the next offset after the chunk's last (Kafka's end offset)
     rows: int
     rejects: int
     delta_version: int
@@ -67,8 +68,8 @@ class ReplayChunk:
 
     def describe(self) -> str:
         return (
-            f"p{self.partition} [{self.first}, {self.end}): {self.rows} rows, {self.rejects} "
-            f"rejects, Delta v{self.delta_version} ({self.seconds:.1f} s)"
+            f"p{self.partition} first {self.first} next {self.end}: {self.rows} rows, "
+            f"{self.rejects} rejects, Delta v{self.delta_version} ({self.seconds:.1f} s)"
         )
 
 
@@ -88,10 +89,8 @@ class ReplayReport:
         return {
             "replay_id": self.replay_id,
             "topic": self.plan.topic,
-            "spans": {str(p): list(s) for p, s in sorted(self.plan.spans.items())},
-            "left_to_stream": {
-                str(p): list(s) for p, s in sorted(self.plan.left_to_stream.items())
-            },
+            "spans": offset_spans(self.plan.spans),
+            "left_to_stream": offset_spans(self.plan.left_to_stream),
             "chunks": [asdict(c) for c in self.chunks],
             "rows": sum(c.rows for c in self.chunks),
             "rejects": sum(c.rejects for c in self.chunks),
@@ -101,9 +100,11 @@ class ReplayReport:
         }
 
     def describe(self) -> str:
-        spans = ", ".join(f"p{p} [{a}, {b})" for p, (a, b) in sorted(self.plan.spans.items()))
+        spans = ", ".join(
+            f"p{p} first {a} next {b}" for p, (a, b) in sorted(self.plan.spans.items())
+        )
         rest = ", ".join(
-            f"p{p} [{a}, {b})" for p, (a, b) in sorted(self.plan.left_to_stream.items())
+            f"p{p} first {a} next {b}" for p, (a, b) in sorted(self.plan.left_to_stream.items())
         )
         rows = sum(c.rows for c in self.chunks)
         lines = [
@@ -237,7 +238,7 @@ def _replay_chunk(lakehouse, orders, replay_id, p, lo, hi, touched: set[str]) ->
                 "writer": REPLAY_WRITER,
                 "replay_id": replay_id,
                 "topic": orders.topic,
-                "offsets": {str(p): [lo, hi - 1]},
+                "offsets": offset_spans({p: (lo, hi)}),
                 "rows": count,
                 "rejects": rejects,
                 "ingest_dates": ingest_days,
@@ -251,7 +252,9 @@ def _replay_chunk(lakehouse, orders, replay_id, p, lo, hi, touched: set[str]) ->
 
 
 def _report(instance: DagsterInstance, topic: str, replay_id: str, chunk: ReplayChunk) -> None:
-    for day in chunk.ingest_days:
+    """A runless materialization of each partition the chunk rewrote. A day past the last
+    partition is not one: the stream holds it and reports it once it is."""
+    for day in in_partitions(chunk.ingest_days):
         instance.report_runless_asset_event(
             AssetMaterialization(
                 asset_key=RAW_ORDERS,
@@ -263,7 +266,7 @@ def _report(instance: DagsterInstance, topic: str, replay_id: str, chunk: Replay
                     "replay_id": replay_id,
                     "delta_version": chunk.delta_version,
                     "replayed_offsets": MetadataValue.json(
-                        {str(chunk.partition): [chunk.first, chunk.end - 1]}
+                        offset_spans({chunk.partition: (chunk.first, chunk.end)})
                     ),
                 },
             )

@@ -25,9 +25,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.assets.staging import staging_frames
+from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
-from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource
+from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource, offset_spans
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.resources.storage import join, list_dir
 from backfill_platform.tables import (
@@ -64,7 +65,7 @@ class BatchReport:
     batch_id: int
     rows: int
     rejects: int
-    offsets: dict[int, tuple[int, int]]  # partition -> (first, last) offset of the batch
+    offsets: dict[int, tuple[int, int]]  # partition -> (first offset, next offset) of the batch
     rows_by_day: dict[str, int]  # ingest day (raw/orders' partition) -> rows of the batch
     delta_version: int | None  # None: Delta already held this batch (a replay), skipped
     seconds: float
@@ -79,7 +80,9 @@ class BatchReport:
         return sorted(self.rows_by_day)
 
     def describe(self) -> str:
-        spans = ", ".join(f"p{p} {lo}..{hi}" for p, (lo, hi) in sorted(self.offsets.items()))
+        spans = ", ".join(
+            f"p{p} first {first} next {after}" for p, (first, after) in sorted(self.offsets.items())
+        )
         done = (
             f"Delta v{self.delta_version}"
             if self.delta_version is not None
@@ -117,7 +120,7 @@ class CatchUpReport:
         return {
             "topic": self.topic,
             "checkpoint": self.checkpoint,
-            "batches": [asdict(b) for b in self.batches],
+            "batches": [asdict(b) | {"offsets": offset_spans(b.offsets)} for b in self.batches],
             "rows": self.rows,
             "rejects": self.rejects,
             "seconds": round(self.seconds, 3),
@@ -161,8 +164,8 @@ def write_batch(
         offsets: dict[int, tuple[int, int]] = {}
         rows_by_day: dict[str, int] = {}
         for r in groups:
-            lo, hi = offsets.get(r["kafka_partition"], (r["first"], r["last"]))
-            offsets[r["kafka_partition"]] = (min(lo, r["first"]), max(hi, r["last"]))
+            lo, after = offsets.get(r["kafka_partition"], (r["first"], r["last"] + 1))
+            offsets[r["kafka_partition"]] = (min(lo, r["first"]), max(after, r["last"] + 1))
             day = r["ingest_date"].isoformat()
             rows_by_day[day] = rows_by_day.get(day, 0) + r["rows"]
         days = sorted(rows_by_day)
@@ -183,7 +186,7 @@ def write_batch(
                     "stream_app_id": app_id,
                     "batch_id": batch_id,
                     "topic": topic,
-                    "offsets": {str(p): list(span) for p, span in sorted(offsets.items())},
+                    "offsets": offset_spans(offsets),
                     "rows": count,
                     "rejects": rejects,
                     "ingest_dates": days,
@@ -250,15 +253,21 @@ def fold_into_staging(
     return staged, held, time.monotonic() - started
 
 
-def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> None:
+def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> list[str]:
     """Dagster has no streaming runs: each committed batch is a runless materialization of
     every raw/orders partition it wrote (batch id, Delta version, rows, offsets), so the
     asset's partitions show the stream's progress per day beside the backfills' runs and
     their downstream partitions turn stale as late messages land. A replay that Delta
-    skipped wrote nothing to raw and is not reported; what a fold staged is."""
-    spans = {str(p): list(span) for p, span in sorted(batch.offsets.items())}
+    skipped wrote nothing to raw and is not reported; what a fold staged is.
+
+    Only partitions are reported: a day past the last one (a message stamped after
+    BACKFILL_END_DATE, or today while the partitions end yesterday) is not a partition the
+    code location defines. Returns the raw/orders days it held back that way; their rows
+    are in raw, and `stream_events.StreamReporter` reports them once they are partitions."""
+    spans = MetadataValue.json(offset_spans(batch.offsets))
     for name, versions in sorted(batch.staged.items()):
-        for day, version in sorted(versions.items()):
+        for day in in_partitions(sorted(versions)):
+            version = versions[day]
             instance.report_runless_asset_event(
                 AssetMaterialization(
                     asset_key=AssetKey.from_user_string(name),
@@ -272,8 +281,10 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> N
                 )
             )
     if batch.delta_version is None:
-        return
-    for day, rows in sorted(batch.rows_by_day.items()):
+        return []
+    defined = in_partitions(sorted(batch.rows_by_day))
+    for day in defined:
+        rows = batch.rows_by_day[day]
         instance.report_runless_asset_event(
             AssetMaterialization(
                 asset_key=RAW_ORDERS,
@@ -285,10 +296,11 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> N
                     "batch_id": batch.batch_id,
                     "delta_version": batch.delta_version,
                     "rows": rows,
-                    "batch_offsets": MetadataValue.json(spans),
+                    "batch_offsets": spans,
                 },
             )
         )
+    return sorted(set(batch.rows_by_day) - set(defined))
 
 
 def catch_up(
@@ -377,18 +389,21 @@ def _start(
 
 @dataclass(frozen=True)
 class PartitionStatus:
+    """One Kafka partition. Positions are next offsets (Kafka's convention): the offset
+    after the last one written or held, so `broker_next - raw_next` is the lag."""
+
     partition: int
-    earliest: int  # the broker's earliest retained offset
-    end: int  # the broker's next offset to be written
-    in_raw_next: int  # one past the greatest offset raw holds (0: none)
+    broker_earliest: int  # the broker's earliest retained offset
+    broker_next: int  # the broker's next offset to be written (its end offset)
+    raw_next: int  # the offset after the greatest raw holds (0: none)
     rows_in_raw: int
     copies_in_raw: int  # rows beyond one per offset: 0 when exactly once holds
-    missing_in_raw: int  # offsets of [earliest, in_raw_next) raw lacks: 0 when no gap
-    checkpoint_next: int | None  # the checkpoint's committed position
+    missing_in_raw: int  # offsets from broker_earliest up to raw_next raw lacks: 0, no gap
+    checkpoint_next: int | None  # the next offset of the checkpoint's newest committed batch
 
     @property
     def lag(self) -> int:
-        return self.end - self.in_raw_next
+        return self.broker_next - self.raw_next
 
 
 @dataclass
@@ -412,11 +427,14 @@ class StreamStatus:
         }
 
     def describe(self) -> str:
-        lines = [f"{self.topic}: lag {self.lag} message(s) behind the broker"]
+        lines = [
+            f"{self.topic}: lag {self.lag} message(s) behind the broker (offsets: next = the "
+            "one after the last written or held)"
+        ]
         lines += [
-            f"  p{p.partition}: broker {p.earliest}..{p.end}, raw up to {p.in_raw_next} "
-            f"({p.rows_in_raw} rows, {p.copies_in_raw} extra copies, {p.missing_in_raw} "
-            "missing), checkpoint "
+            f"  p{p.partition}: broker earliest {p.broker_earliest} next {p.broker_next}, "
+            f"raw next {p.raw_next} ({p.rows_in_raw} rows, {p.copies_in_raw} extra copies, "
+            f"{p.missing_in_raw} missing), checkpoint next "
             f"{'-' if p.checkpoint_next is None else p.checkpoint_next}, lag {p.lag}"
             for p in self.partitions
         ]
@@ -436,7 +454,7 @@ class StreamStatus:
 def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> StreamStatus:
     """Per partition: the broker's offsets, what raw/orders holds (rows, extra copies, and
     offsets missing below its newest: no overlap and no gap), the checkpoint's position,
-    and the lag (broker end - raw's next); the stream's last committed batch."""
+    and the lag (broker's next - raw's next); the stream's last committed batch."""
     broker = orders.end_offsets()
     held: dict[int, Any] = {}
     last = None
@@ -475,9 +493,9 @@ def stream_status(lake: LakehouseResource, orders: OrdersTopicResource) -> Strea
     partitions = [
         PartitionStatus(
             partition=p,
-            earliest=earliest,
-            end=end,
-            in_raw_next=(held[p]["last"] + 1) if p in held else 0,
+            broker_earliest=earliest,
+            broker_next=end,
+            raw_next=(held[p]["last"] + 1) if p in held else 0,
             rows_in_raw=held[p]["rows"] if p in held else 0,
             copies_in_raw=(held[p]["rows"] - held[p]["offsets"]) if p in held else 0,
             missing_in_raw=max(0, held[p]["last"] + 1 - earliest - held[p]["retained"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -138,6 +139,14 @@ class OrdersTopicResource(ConfigurableResource):
             why = found.error if found is not None and found.error else "no such topic"
             raise TopicUnavailable(f"{self.topic} at {self.bootstrap_servers}: {why}")
         return sorted(found.partitions)
+
+
+def offset_spans(spans: Mapping[int, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    """Kafka partition -> {"first": offset, "next": offset}, as commits, the instance and
+    `--json` record spans of offsets. One convention everywhere, Kafka's: a position is the
+    next offset to read (the broker's end offset, a consumer's committed offset, Spark's
+    checkpoint), so a span is its first offset and the one after its last, each named."""
+    return {str(p): {"first": lo, "next": after} for p, (lo, after) in sorted(spans.items())}
 
 
 def orders_topic_from_settings() -> OrdersTopicResource:

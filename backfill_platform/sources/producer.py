@@ -18,9 +18,11 @@ reproducible whenever it is sent. The clock may lie in the past: the broker acce
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +31,10 @@ from confluent_kafka import KafkaException, Producer
 from backfill_platform.resources.kafka import CLIENT_LOG
 from backfill_platform.settings import KAFKA_BOOTSTRAP, ORDERS_TOPIC, setting
 from backfill_platform.sources.generate import lateness_days, malformed_line, order_lines
+
+LOG = logging.getLogger(__name__)
+# How long one wait for a full producer queue polls for delivery reports.
+QUEUE_WAIT_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -90,17 +96,28 @@ def shop_events(
 
 
 def produce(
-    bootstrap: str, topic: str, messages: list[Message], rate: float = 0.0
+    bootstrap: str,
+    topic: str,
+    messages: list[Message],
+    rate: float = 0.0,
+    config: Mapping[str, object] | None = None,
 ) -> list[Produced]:
     """Send `messages` in order (at most `rate` per second when > 0) and wait until the
     broker has acknowledged each; returns where each one was stored. The producer is
-    idempotent, so its own retries never add a copy (the duplicates are deliberate)."""
+    idempotent, so its own retries never add a copy (the duplicates are deliberate).
+
+    librdkafka queues what it has not sent yet, up to `queue.buffering.max.messages`
+    (100,000) and `queue.buffering.max.kbytes`; an unpaced send outruns the broker, and a
+    full queue refuses the next message (BufferError). The send then waits for the queue as
+    confluent-kafka's examples do: poll, which serves delivery reports and so frees room,
+    and the same message again; nothing is dropped. `config`: more client settings."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "partitioner": "murmur2_random",
             "linger.ms": 5,
+            **(config or {}),
         },
         logger=CLIENT_LOG,
     )
@@ -118,20 +135,28 @@ def produce(
 
         return report
 
-    started = time.monotonic()
+    started, waits = time.monotonic(), 0
     for index, message in enumerate(messages):
         if rate > 0:
             ahead = started + index / rate - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
-        producer.produce(
-            topic,
-            key=message.key.encode(),
-            value=message.value.encode(),
-            timestamp=int(message.timestamp.timestamp() * 1000),
-            on_delivery=delivered(index),
-        )
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=message.key.encode(),
+                    value=message.value.encode(),
+                    timestamp=int(message.timestamp.timestamp() * 1000),
+                    on_delivery=delivered(index),
+                )
+                break
+            except BufferError:  # the local queue is full: let deliveries free it
+                waits += 1
+                producer.poll(QUEUE_WAIT_SECONDS)
         producer.poll(0)
+    if waits:
+        LOG.debug("waited %d time(s) for the producer's full queue", waits)
     left = producer.flush(60)
     if left or failures:
         raise KafkaException(

@@ -52,7 +52,7 @@ def stream_batch(instance: DagsterInstance, batch_id: int, day: str) -> float:
     report_batch(
         instance,
         "orders",
-        BatchReport(batch_id, 3, 0, {0: (batch_id * 3, batch_id * 3 + 2)}, {day: 3}, 7, 0.1),
+        BatchReport(batch_id, 3, 0, {0: (batch_id * 3, batch_id * 3 + 3)}, {day: 3}, 7, 0.1),
     )
     return reported
 
