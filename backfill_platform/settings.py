@@ -150,7 +150,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "last daily partition (inclusive); `make demo` / `make ui` / `make cli` set it to "
         "the landing zone's newest day (with `STREAM=on`, the stream's last day)",
-        "empty: yesterday (UTC)",
+        "empty: yesterday (UTC); `today`: the current UTC day too (a deployment running the "
+        "live stream, so today's batches are reported as they commit)",
     ),
     Setting("SPARK_MASTER", "local[*]", "Spark master URL (`spark://host:7077` for a cluster)"),
     Setting(
