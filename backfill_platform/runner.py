@@ -393,6 +393,10 @@ def plan_work(
 
     Stage by stage (see `Lineage.stages`); inside a stage, assets that need the same days
     share runs, chunk by chunk oldest first; assets needing other days follow in graph order.
+    A run never selects part of a multi-asset Dagster cannot subset (`Lineage.siblings`):
+    its outputs run together over the union of their days, since Dagster refuses to build
+    a job with one of them alone. The staging multi-asset subsets, so each of its outputs
+    gets exactly its own days (orders by event day, rejects by ingest day: assets/staging.py).
     Chunks: `per_run` days each when given (or `BACKFILL_PARTITIONS_PER_RUN` when set);
     otherwise, with `sizes` (landing bytes by day), as few as keep each run's input near
     `BACKFILL_RUN_TARGET_MB`: a run costs seconds of fixed work whatever its data
@@ -409,9 +413,7 @@ def plan_work(
     for stage in lineage.stages([k for k, days in work.items() if days]):
         by_days: dict[frozenset[str], list[AssetKey]] = {}
         for key in stage:
-            days = frozenset(work.get(key) or ())
-            if not days:  # a sibling that must run along: it takes its group's days
-                days = frozenset().union(*(work.get(s) or () for s in lineage.siblings[key]))
+            days = frozenset().union(*(work.get(s) or () for s in lineage.siblings[key]))
             by_days.setdefault(days, []).append(key)
         for days, keys in by_days.items():
             for span in ranges_of(days):

@@ -5,13 +5,23 @@ from __future__ import annotations
 import io
 import re
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    DagsterInstance,
+    MaterializeResult,
+    multi_asset,
+)
 
+from backfill_platform import cli
 from backfill_platform.console import RunProgress
 from backfill_platform.definitions import all_assets
 from backfill_platform.lineage import Lineage
+from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange, InvalidRange, keys_in_window, ranges_of
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.runner import (
@@ -37,7 +47,7 @@ from backfill_platform.tables import (
     STAGING_ORDERS,
     STAGING_REJECTS,
 )
-from backfill_platform_tests.harness import order_line
+from backfill_platform_tests.harness import order_line, point_cli_at
 
 LINEAGE = Lineage(all_assets)
 
@@ -90,8 +100,8 @@ def test_stages_put_raw_first_because_staging_reads_later_ingest_days():
             FCT_REVENUE_BY_SEGMENT,
         ],
     ]
-    # Selecting one output of the staging multi-asset brings its sibling along.
-    assert LINEAGE.stages([STAGING_REJECTS]) == [[STAGING_ORDERS, STAGING_REJECTS]]
+    # The staging multi-asset subsets: one of its outputs runs alone.
+    assert LINEAGE.stages([STAGING_REJECTS]) == [[STAGING_REJECTS]]
 
 
 def test_plan_runs_each_stage_over_the_whole_range_then_chunks_the_next():
@@ -127,6 +137,36 @@ def test_plan_gives_each_asset_exactly_its_days_in_graph_order():
         ),
         (["marts/customer_ltv"], "2024-01-03..2024-01-12"),
     ]
+
+
+@multi_asset(
+    specs=[AssetSpec("by_event"), AssetSpec("by_arrival")], partitions_def=daily_partitions
+)
+def whole_only():
+    """A multi-asset Dagster cannot subset: each run writes both outputs."""
+    yield MaterializeResult(asset_key="by_event")
+    yield MaterializeResult(asset_key="by_arrival")
+
+
+def test_a_multi_asset_that_cannot_subset_runs_whole_over_its_outputs_days():
+    """Each output of a non-subsettable multi-asset asked for on other days: every run
+    selects it whole, over the union, and Dagster builds and runs each (it refuses a job
+    that selects one of its outputs alone)."""
+    by_event, by_arrival = AssetKey("by_event"), AssetKey("by_arrival")
+    lineage = Lineage([whole_only])
+    assert lineage.expand([by_arrival]) == [by_arrival, by_event]
+    work = {by_event: {"2024-01-02"}, by_arrival: {"2024-01-20", "2024-01-21"}}
+    plan = plan_work(lineage, work, per_run=31)
+    assert [(s.assets, str(s.days)) for s in plan] == [
+        (["by_arrival", "by_event"], "2024-01-02..2024-01-02"),
+        (["by_arrival", "by_event"], "2024-01-20..2024-01-21"),
+    ]
+    instance = DagsterInstance.ephemeral()
+    executor = InProcessExecutor([whole_only], {}, instance)
+    report = run_work(executor, lineage, work, trigger="test", per_run=31)
+    assert report.success and len(report.runs) == 2
+    written = instance.fetch_materializations(by_arrival, limit=10).records
+    assert sorted(r.partition_key for r in written) == ["2024-01-02", "2024-01-20", "2024-01-21"]
 
 
 def test_runs_sized_by_work_are_few_for_small_days_and_balanced_for_big_ones():
@@ -261,3 +301,76 @@ def test_a_failed_run_stops_the_plan_and_nothing_after_it_runs(platform):
     assert run.tags[TRIGGER_TAG] == "test"
     assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == ("2024-01-05", "2024-01-06")
     assert not platform.resources["lakehouse"].exists(CUSTOMER_LTV)
+
+
+def test_later_versions_weeks_after_their_order_rebuild_each_staging_output_on_its_own_days(
+    platform, monkeypatch, tmp_path
+):
+    """Later versions of an order placed weeks before they arrive, each delivery with a line
+    that is no order: staging/orders changes on the order's event day, its rejects on the
+    ingest days, and the two never overlap. The runner runs each output on exactly its own
+    days (a replay's rebuild has this shape; Dagster refuses a job selecting one output of
+    a multi-asset that cannot subset), the CLI's backfill of the rejects alone leaves
+    staging/orders as it was, and `stale --repair` brings the order's day current."""
+    lake = platform.resources["lakehouse"]
+    (tmp_path / "home").mkdir()
+    point_cli_at(monkeypatch, tmp_path / "home", platform.landing, platform.lakehouse)
+    placed, first, second = "2024-02-20", "2024-03-16", "2024-03-17"
+    placed_at = f"{placed}T10:00:00Z"
+    platform.write_rates(placed, {"EUR": "1.10"})
+    platform.write_orders(placed, [order_line("o1", placed_at)])
+    platform.materialize(placed, selection=["raw/orders", "raw/fx_rates"])
+    platform.materialize(
+        placed, selection=["staging/orders", "staging/orders_rejects", "marts/fct_daily_revenue"]
+    )
+    placed_rejects = lake.built_partitions(STAGING_REJECTS)[placed]
+
+    def staged() -> tuple[str, Decimal]:
+        (row,) = platform.rows("staging/orders")
+        return row["status"], row["amount"]
+
+    # Weeks later: the order refunded, and a broken line, on their ingest day.
+    refunded = order_line("o1", placed_at, f"{first}T09:00:00Z", status="refunded")
+    platform.write_orders(first, [refunded, "{bad"])
+    platform.materialize(first, selection=["raw/orders"])
+    work = {
+        STAGING_ORDERS: {placed},
+        FCT_DAILY_REVENUE: {placed},
+        STAGING_REJECTS: {first},
+    }
+    executor = InProcessExecutor(all_assets, platform.resources, platform.instance)
+    report = run_work(executor, LINEAGE, work, trigger="test")
+    assert report.success
+    assert [(r.assets, f"{r.first_key}..{r.last_key}") for r in report.runs] == [
+        (("staging/orders", "marts/fct_daily_revenue"), f"{placed}..{placed}"),
+        (("staging/orders_rejects",), f"{first}..{first}"),
+    ]
+    assert staged() == ("refunded", Decimal("10.00"))
+    assert set(lake.built_partitions(STAGING_ORDERS)) == {placed}  # no ingest day written
+    assert lake.built_partitions(STAGING_REJECTS)[placed] == placed_rejects  # nor event day
+    assert [r["reason"] for r in platform.rows("staging/orders_rejects")] == ["invalid_json"]
+
+    # Paid again at 12.00 a day later: the CLI's backfill of the rejects alone writes them
+    # and nothing of staging/orders, which the staleness audit then finds behind raw.
+    paid = order_line("o1", placed_at, f"{second}T09:00:00Z", amount="12.00")
+    platform.write_orders(second, [paid, "[1, 2]"])
+    platform.materialize(second, selection=["raw/orders"])
+    orders_version = platform.version("staging/orders")
+    rejects_only = ["--select", "staging/orders_rejects", "--start", second, "--end", second]
+    status, payload, text = cli.execute(["backfill", *rejects_only, "--in-process", "--json"])
+    assert status == 0, text
+    assert [tuple(r["assets"]) for r in payload["runs"]] == [("staging/orders_rejects",)]
+    assert platform.version("staging/orders") == orders_version
+    assert sorted(r["reason"] for r in platform.rows("staging/orders_rejects")) == [
+        "invalid_json",
+        "not_an_object",
+    ]
+    status, payload, text = cli.execute(["stale", "--json"])
+    assert status == 1 and payload["stale_days"] == {placed: 1}, text
+
+    status, payload, text = cli.execute(["stale", "--repair", "--in-process", "--json"])
+    assert status == 0 and len(payload["repair_runs"]) == 1, text
+    assert staged() == ("paid", Decimal("12.00"))
+    (fct,) = platform.rows("marts/fct_daily_revenue")
+    assert (fct["paid_orders"], fct["revenue_usd"]) == (1, Decimal("12.00"))
+    assert cli.execute(["stale", "--json"])[0] == 0

@@ -3,6 +3,17 @@
 Staging of event day D reads every raw row whose event_date is D, whatever day it arrived:
 Delta's per-file min/max statistics on `event_date` skip raw files that cannot hold D, so
 late data is folded in without scanning all of history.
+
+The two outputs share one op (one read of raw, one snapshot) but not their days: orders are
+by event day, rejects by ingest day, and a later version of an order placed weeks earlier
+changes the one on its event day and the other on its arrival day. The multi-asset is
+therefore subsettable (Dagster's `can_subset`, outputs not required): a run builds the
+outputs its selection names, each over its own days, as the live stream's fold does
+(operations/stream.py). Selecting both whole instead would rebuild orders of every arrival
+day and rejects of every event day a late version reaches: idempotent, but work nobody
+asked for, on days a freeze may hold, and a Dagster asset backfill launched with different
+days per output could not be cut into runs at all (it runs a non-subsettable multi-asset
+only on days every one of its outputs targets).
 """
 
 import json
@@ -59,6 +70,7 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
             metadata=table(STAGING_ORDERS).metadata,
             kinds={"spark", "delta"},
             description="Current state of every order (latest updated_at wins), by event day.",
+            is_required=False,  # a run may select the rejects alone (module docstring)
         ),
         STAGING_REJECTS.to_python_identifier(): AssetOut(
             key=STAGING_REJECTS,
@@ -67,6 +79,7 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
             metadata=table(STAGING_REJECTS).metadata,
             kinds={"spark", "delta"},
             description="Every rejected landing line with its reason, by the day it arrived.",
+            is_required=False,
         ),
     },
     deps=[
@@ -76,16 +89,21 @@ _LATE_ARRIVALS = TimeWindowPartitionMapping(
     partitions_def=daily_partitions,
     backfill_policy=chunked_backfill_policy(),
     pool="lakehouse_downstream",  # serializes staging/marts writers (deploy/dagster.yaml)
+    can_subset=True,
 )
 def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource):
+    """The selected outputs over the run's days. Chosen by output name, not asset key: the
+    shadow twins (assets/shadow.py) run this op under other keys with the same outputs."""
     start, end = run_dates(context)
-    # One snapshot of raw for both outputs, recorded on their commits: the live stream keeps
+    # One snapshot of raw for the outputs, recorded on their commits: the live stream keeps
     # appending to raw, and the blocking checks must compare with what this run read.
     version = lakehouse.current_version(RAW_ORDERS)
     read = {READ_VERSIONS: json.dumps({RAW_ORDERS.to_user_string(): version})}
-    staged, rejects = staging_frames(lakehouse, version, start, end)
-    yield Output(staged, output_name=STAGING_ORDERS.to_python_identifier(), metadata=read)
-    yield Output(rejects, output_name=STAGING_REJECTS.to_python_identifier(), metadata=read)
+    staged, rejects = staging_frames(lakehouse, version, start, end)  # lazy: unread if unused
+    selected = context.selected_output_names
+    for key, frame in ((STAGING_ORDERS, staged), (STAGING_REJECTS, rejects)):
+        if key.to_python_identifier() in selected:
+            yield Output(frame, output_name=key.to_python_identifier(), metadata=read)
 
 
 def staging_frames(
