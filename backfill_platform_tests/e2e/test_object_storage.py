@@ -9,8 +9,10 @@ reported success and is not there was lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,19 +68,29 @@ def race(s3: S3Server, tmp: Path, root: str, plan: dict[int, list[str]], **optio
         args += ["--table", "raw/race", "--writer", str(writer), "--days", ",".join(writer_days)]
         args += ["--go", str(go), "--out", str(out), *extra]
         log = open(tmp / f"writer-{writer}.log", "wb")  # noqa: SIM115 - closed below
-        procs.append((out, log, subprocess.Popen(args, env=env, stdout=log, stderr=log)))
-    deadline = time.monotonic() + 300
-    while not all(Path(str(out) + ".ready").exists() for out, _, _ in procs):
-        assert all(p.poll() is None for _, _, p in procs), _logs(tmp)
-        assert time.monotonic() < deadline, "writers did not start in 300 s\n" + _logs(tmp)
-        time.sleep(0.2)
-    go.write_text("go")
-    reports = []
-    for out, log, proc in procs:
-        assert proc.wait(timeout=600) == 0, _logs(tmp)
-        log.close()
-        reports.append(json.loads(out.read_text()))
-    return reports
+        writer_proc = subprocess.Popen(
+            args, env=env, stdout=log, stderr=log, start_new_session=True
+        )
+        procs.append((out, log, writer_proc))
+    try:
+        deadline = time.monotonic() + 300
+        while not all(Path(str(out) + ".ready").exists() for out, _, _ in procs):
+            assert all(p.poll() is None for _, _, p in procs), _logs(tmp)
+            assert time.monotonic() < deadline, "writers did not start in 300 s\n" + _logs(tmp)
+            time.sleep(0.2)
+        go.write_text("go")
+        reports = []
+        for out, log, proc in procs:
+            assert proc.wait(timeout=600) == 0, _logs(tmp)
+            log.close()
+            reports.append(json.loads(out.read_text()))
+        return reports
+    finally:  # a writer (and its JVM) left by a failed wait would race on after the test
+        for _, log, proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.close()
 
 
 def _logs(tmp: Path) -> str:
