@@ -239,8 +239,9 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
                 backfill_id = deployment.dagster.launch_backfill(
                     ALL_ASSETS, FIRST_DAY.isoformat(), last.isoformat()
                 )
+                # Twice the usual wait: a run on the cluster starts three JVMs.
                 backfills[backfill_id] = deployment.dagster.wait_backfill(
-                    backfill_id, BACKFILL_TIMEOUT
+                    backfill_id, 2 * BACKFILL_TIMEOUT
                 )
         yield ScaledOut(
             deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfills, crm, live
