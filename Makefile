@@ -200,8 +200,7 @@ s3-deps: $(VERSITYGW)
 # store's). Two cores are saturated with 2 (load 12 during the scaled-out set-up); under load
 # a third left the UI journey's backfill past its 900 s wait.
 E2E_WORKERS ?= $(TEST_WORKERS)
-# Extra pytest arguments (`.ci/run` leaves out the scaled-out deployment and the four-writer
-# S3 race: see README "Testing").
+# Extra pytest arguments, e.g. `-k` or `--deselect` to run a part (CI runs everything).
 E2E_ARGS ?=
 e2e: install e2e-deps s3-deps $(CDS)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1500 --durations=15 \

@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "test_cli_deployment.py",  # e2e shared deployment ~520 s
     "test_ui_journey.py",  # e2e ~305 s
     "test_stream_deployed_backfill.py",  # e2e ~280 s
+    "test_stale_repair_deployed.py",  # e2e: a deployment, 5 runs, 5 CLI processes
     "test_live_backfill.py",  # reliability 261 s
     "test_bench.py",  # `make reliability` (marked bench) ~150 s
     "test_crm.py",  # 204 s

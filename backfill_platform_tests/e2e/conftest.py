@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -176,10 +176,13 @@ class ScaledOut:
     cluster: SparkCluster
     s3: S3Server
     lakehouse_uri: str
-    backfill_id: str
-    status: dict
+    backfills: dict[str, dict]  # id -> final status, in launch order (the last: all days)
     crm: CrmProcess  # the deployment's CRM (limit 20/s), its request log audited
     live: dict  # the other machine's live caller: limiter backend, calls, 429s
+
+    @property
+    def runs(self) -> list[dict]:
+        return [run for status in self.backfills.values() for run in status["runs"]]
 
 
 @pytest.fixture(scope="session")
@@ -219,22 +222,29 @@ def scaled_out(e2e_root, spark) -> Iterator[ScaledOut]:
             "BACKFILL_CRM_RATE_LIMIT": "20",
             "BACKFILL_CRM_LIVE_RESERVE": "0.25",
             "BACKFILL_CRM_LIMITER_BACKEND": "postgres",
-            # Two-day runs: the CRM's raw asset is called by two runs of the backfill (twice
-            # the runs of one three-day chunk, hence twice the usual wait below).
-            "BACKFILL_PARTITIONS_PER_RUN": "2",
         }
         deployment = start_deployment(root, "dagster-postgres.yaml", extra, landing=source)
+        # Two backfills, as two days' deliveries: the first two days, then all three. Each
+        # is two runs (raw, staging and daily revenue in one, LTV after it) and each first
+        # run calls the CRM for the customers it has not asked yet: two runs share the
+        # PostgreSQL window, in four runs where two-day chunks of one backfill took eight.
+        # The second rebuilds every day, so the tables are a three-day build's.
         # Meanwhile a live path on another machine calls the same CRM through the same
-        # PostgreSQL window: the backfill's runs must leave it its reserve.
+        # PostgreSQL window: the backfills' runs must leave it its reserve.
+        backfills = {}
         with live_crm_caller(
             root / "live-machine", deployment.dagster.env, LIVE_CALLS_PER_SECOND
         ) as live:
-            backfill_id = deployment.dagster.launch_backfill(
-                ALL_ASSETS, FIRST_DAY.isoformat(), LAST_DAY.isoformat()
-            )
-            status = deployment.dagster.wait_backfill(backfill_id, 2 * BACKFILL_TIMEOUT)
+            for last in (FIRST_DAY + timedelta(days=1), LAST_DAY):
+                backfill_id = deployment.dagster.launch_backfill(
+                    ALL_ASSETS, FIRST_DAY.isoformat(), last.isoformat()
+                )
+                # Twice the usual wait: a run on the cluster starts three JVMs.
+                backfills[backfill_id] = deployment.dagster.wait_backfill(
+                    backfill_id, 2 * BACKFILL_TIMEOUT
+                )
         yield ScaledOut(
-            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfill_id, status, crm, live
+            deployment, postgres, cluster, s3, f"{bucket}/lakehouse", backfills, crm, live
         )
     finally:
         if deployment is not None:

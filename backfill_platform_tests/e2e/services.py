@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 from backfill_platform.sources import postgres_server
+from backfill_platform_tests.spark_jvm import SPAWNED_JIT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: dagster-webserver, dagster-daemon, spark-class
@@ -789,13 +790,16 @@ class SparkCluster:
         return [w for w in self.status().get("workers", []) if w.get("state") == "ALIVE"]
 
     def spark_conf_dir(self) -> Path:
-        """SPARK_CONF_DIR for the runs: executor size and loopback driver, as for any cluster."""
+        """SPARK_CONF_DIR for the runs: executor size and loopback driver, as for any cluster;
+        and, as for every JVM a test spawns, executors that compile with C1 alone
+        (`spark_jvm.SPAWNED_JIT`: each lives for one run of a few hundred rows)."""
         conf = self.root / "conf"
         conf.mkdir(exist_ok=True)
         (conf / "spark-defaults.conf").write_text(
             "spark.executor.memory 512m\n"
             "spark.executor.cores 1\n"
             "spark.cores.max 2\n"
+            f"spark.executor.extraJavaOptions {SPAWNED_JIT}\n"
             "spark.driver.host 127.0.0.1\n"
             "spark.driver.bindAddress 127.0.0.1\n"
         )

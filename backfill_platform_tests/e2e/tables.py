@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import date, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import TABLE_NAMES
+from backfill_platform.tables import CUSTOMER_LTV, TABLE_NAMES
 from backfill_platform_tests.harness import spark_resource_for_tests
 
 
@@ -44,3 +46,25 @@ def partition_fingerprints(lake: LakehouseResource) -> dict[str, dict[str, tuple
         )
         result[name] = {str(r[column]): (r["n"], str(r["h"])) for r in rows}
     return result
+
+
+def assert_ltv_committed_oldest_first(
+    lake: LakehouseResource, after: int, reach: tuple[str, str]
+) -> list[tuple[str, str]]:
+    """customer_ltv D is D-1 plus day D: the LTV ranges committed after version `after`, in
+    Delta commit order, run from the first day of `reach` to its last, each starting where
+    the one before ended (docs/lineage.md, "Order of the LTV chunks"). Returns the ranges."""
+    commits = sorted(
+        (c for c in lake.history(CUSTOMER_LTV) if c["version"] > after), key=lambda c: c["version"]
+    )
+    ranges = [
+        (c["metadata"]["partition_start"], c["metadata"]["partition_end"])
+        for c in commits
+        if c["metadata"].get("partition_start")
+    ]
+    first, last = reach
+    assert ranges and ranges[0][0] == first, ranges
+    assert ranges[-1][1] == (date.fromisoformat(last) + timedelta(1)).isoformat(), ranges
+    for (_, end), (start, _) in pairwise(ranges):
+        assert start == end, f"LTV range from {start} committed out of order: {ranges}"
+    return ranges

@@ -1,10 +1,10 @@
 """The same code location scaled out: Dagster's storage in PostgreSQL, Spark on a cluster,
 the landing zone and the lakehouse on object storage.
 
-One deployment serves both tests (a backfill through the daemon costs minutes): the
-instance uses deploy/dagster-postgres.yaml against a real PostgreSQL server, every run
-connects to a Spark standalone master with two one-core workers, and reads and writes
-`s3a://` on a real S3-compatible server (versitygw), all on 127.0.0.1.
+One deployment serves every test here (a run on the cluster costs a driver and two executor
+JVMs): the instance uses deploy/dagster-postgres.yaml against a real PostgreSQL server,
+every run connects to a Spark standalone master with two one-core workers, and reads and
+writes `s3a://` on a real S3-compatible server (versitygw), all on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, spark):
-    assert scaled_out.status["status"] == "COMPLETED_SUCCESS", scaled_out.status
-    run_ids = {r["runId"] for r in scaled_out.status["runs"]}
+    for status in scaled_out.backfills.values():
+        assert status["status"] == "COMPLETED_SUCCESS", scaled_out.backfills
+    run_ids = {r["runId"] for r in scaled_out.runs}
     with closing(scaled_out.postgres.connect()) as conn, conn.cursor() as cur:
         cur.execute("SELECT run_id, status FROM runs")
         runs = dict(cur.fetchall())
@@ -38,11 +39,11 @@ def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, sp
         (materializations,) = cur.fetchone()
         cur.execute("SELECT count(*) FROM instigators")
         (instigators,) = cur.fetchone()
-    # Run storage: the backfill and its runs; event storage: one materialization per asset
-    # per run; schedule storage: the sensors the test switched off through the API.
+    # Run storage: the backfills and their runs; event storage: one materialization per
+    # asset per run; schedule storage: the sensors the test switched off through the API.
     assert run_ids and run_ids <= set(runs), (run_ids, runs)
     assert all(runs[r] == "SUCCESS" for r in run_ids), runs
-    assert scaled_out.backfill_id in backfills, backfills
+    assert set(scaled_out.backfills) <= set(backfills), backfills
     assert materializations >= 6, materializations
     assert instigators >= 3, instigators
     # Nothing went to SQLite: DAGSTER_HOME holds no run or event database.
@@ -55,12 +56,13 @@ def test_backfill_with_run_event_and_schedule_storage_in_postgres(scaled_out, sp
 
 
 def test_the_runs_crm_calls_held_the_limit_through_the_instances_postgres(scaled_out):
-    """Two runs of the deployment's backfill and a live path on another machine (its own
+    """Two runs of the deployment's backfills and a live path on another machine (its own
     working directory, no limiter file) called one CRM at 20/s, all taking their slots from
     the instance's PostgreSQL: the CRM's own log shows every call answered, none 429, at
-    most 20 in any second, and the backfill at most its share of 15, also while the live
+    most 20 in any second, and the backfills at most their share of 15, also while the live
     path called."""
-    assert scaled_out.status["status"] == "COMPLETED_SUCCESS", scaled_out.status
+    for status in scaled_out.backfills.values():
+        assert status["status"] == "COMPLETED_SUCCESS", scaled_out.backfills
     logged = scaled_out.crm.requests()
     backfill = [e for e in logged if e["kind"] == "backfill"]
     live = [e["t"] for e in logged if e["kind"] == "live"]
@@ -80,7 +82,7 @@ def test_the_runs_crm_calls_held_the_limit_through_the_instances_postgres(scaled
     print(f"scaled-out CRM: {audit}")
     assert statuses.get(429, 0) == 0 and set(statuses) == {404}, audit
     assert scaled_out.live["backend"] == "postgres" and scaled_out.live["429"] == 0, audit
-    assert len(runs) >= 2 and "" not in runs, audit  # two runs of the backfill called
+    assert len(runs) >= 2 and "" not in runs, audit  # two runs called, one per backfill
     assert len(while_live) == len(backfill), audit  # the live path called all along
     assert audit["peak"] <= 20, audit
     assert audit["backfill_peak"] <= 15, audit
@@ -107,7 +109,7 @@ def test_cluster_backfill_on_s3a_gives_the_same_tables_as_local_mode(
     apps = status["completedapps"] + status["activeapps"]
     ours = {a["id"] for a in apps if a["name"] == "backfill_platform"}
     # One Spark application per Dagster run, and its tasks ran in executors on the workers.
-    assert len(ours) >= len(scaled_out.status["runs"]), apps
+    assert len(ours) >= len(scaled_out.runs), apps
     executor_logs = list((scaled_out.cluster.root / "work").glob("app-*/*/stderr"))
     assert {log.parts[-3] for log in executor_logs} >= ours, executor_logs
     assert any("Finished task" in log.read_text(errors="replace") for log in executor_logs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import date, timedelta
-from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from backfill_platform_tests.e2e.conftest import (
     start_deployment,
 )
 from backfill_platform_tests.e2e.services import run_cli
-from backfill_platform_tests.e2e.tables import lakehouse_for
+from backfill_platform_tests.e2e.tables import assert_ltv_committed_oldest_first, lakehouse_for
 from backfill_platform_tests.e2e.test_ui_browser import ARTIFACTS, open_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -46,11 +45,6 @@ GUEST_DAY = "2024-01-05"  # every order of that day lands without a customer_id
 # step that rebuilds D-1 and D calls D stale (docs/lineage.md, "Staleness of the cumulative LTV").
 PARTITIONS_END = date(2024, 4, 15)
 LATE_ARRIVAL_DAYS = 10  # assets/common.LATE_ARRIVAL_LINEAGE_DAYS
-# The repair's deployment cuts runs of 4 days: its 12 LTV days are three runs, so the order
-# they commit in is tested (with the default 92 they would be one run).
-PARTITIONS_PER_RUN = 4
-LATE_EVENT_DAY = "2024-01-02"  # an order of this day arrives in a later delivery
-LATE_DELIVERY = "2024-01-07"
 FX_REACH_DAYS = 7  # transforms/fx.REACH_DAYS
 NULL_SPIKE = "null_rate_within_trailing_bounds"
 DRIFT = "drift_vs_previous_version"
@@ -231,7 +225,9 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
         assert status["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), status
         runs = dagster.graphql(BACKFILL_RUNS, {"id": backfill_id})["runsOrError"]["results"]
         assert runs and {r["status"] for r in runs} == {"SUCCESS"}, runs  # no run failed
-        _assert_ltv_committed_oldest_first(
+        # Without LTV's wait on staging, the daemon built the days past staging's range
+        # (01-07..01-13) from the old 01-06 snapshot before rebuilding 01-01..01-06.
+        assert_ltv_committed_oldest_first(
             lake, ltv_before, _expected_reach(CUSTOMER_LTV.to_user_string())
         )
         open_page(driver, f"{dagster.url}/runs/b/{backfill_id}", ["Succeeded", "marts / "])
@@ -273,30 +269,6 @@ def test_a_backfill_launched_in_the_ui_targets_what_the_days_change_and_checks_e
             key.to_user_string(),
             dict(zip(built, statuses, strict=True)),
         )
-
-
-def _assert_ltv_committed_oldest_first(
-    lake, after: int, reach: tuple[str, str]
-) -> list[tuple[str, str]]:
-    """customer_ltv D is D-1 plus day D: the backfill's LTV ranges, in Delta commit order,
-    run from the first targeted day to the last, each starting where the one before ended.
-    On this history, without LTV's wait on staging, the daemon built the days past staging's
-    range (01-07..01-13) from the old 01-06 snapshot before rebuilding 01-01..01-06
-    (docs/lineage.md)."""
-    commits = sorted(
-        (c for c in lake.history(CUSTOMER_LTV) if c["version"] > after), key=lambda c: c["version"]
-    )
-    ranges = [
-        (c["metadata"]["partition_start"], c["metadata"]["partition_end"])
-        for c in commits
-        if c["metadata"].get("partition_start")
-    ]
-    first, last = reach
-    assert ranges and ranges[0][0] == first, ranges
-    assert ranges[-1][1] == (date.fromisoformat(last) + timedelta(1)).isoformat(), ranges
-    for (_, end), (start, _) in pairwise(ranges):
-        assert start == end, f"LTV range from {start} committed out of order: {ranges}"
-    return ranges
 
 
 def _click_each(driver, xpath: str) -> None:
@@ -387,54 +359,3 @@ query($id: String!) { partitionBackfillOrError(backfillId: $id) {
     ... on AssetPartitionsStatusCounts { assetKey { path } }
   } } } } }
 """
-
-
-def test_the_cli_repair_of_a_late_order_rebuilds_ltv_oldest_first_on_the_deployment(journey, spark):
-    """A late order of an early day arrives in a later delivery; `stale --repair` through the
-    deployment rebuilds staging and daily revenue of that day and every LTV snapshot after
-    it, as one Dagster backfill the daemon cuts into chunks. Without LTV's wait on staging it
-    built LTV's newer chunk before the older (12-30..01-01 before 12-26..12-29).
-
-    CI leaves this test to `make e2e` (.ci/run's E2E_ARGS): 650 s on a loaded machine."""
-    audit, report = run_cli(journey, "stale")
-    assert audit.returncode == 0, report  # the UI backfill left nothing stale
-    journey.dagster.restart({"BACKFILL_PARTITIONS_PER_RUN": str(PARTITIONS_PER_RUN)})
-    delivery = journey.landing / "orders" / f"ingest_date={LATE_DELIVERY}"
-    delivery.mkdir()
-    late = {
-        "order_id": "o-late-0001",
-        "customer_id": "c-000001",
-        "event_time": f"{LATE_EVENT_DAY}T12:00:00Z",
-        "updated_at": f"{LATE_EVENT_DAY}T12:00:00Z",
-        "status": "placed",
-        "currency": "EUR",
-        "amount": 100.0,
-    }
-    (delivery / "late-9999.jsonl").write_text(json.dumps(late) + "\n")
-    ingest, _ = run_cli(
-        journey, "backfill", "--select", "raw/orders",
-        "--start", LATE_DELIVERY, "--end", LATE_DELIVERY,
-    )  # fmt: skip
-    assert ingest.returncode == 0, ingest.stderr[-3000:]
-
-    audit, report = run_cli(journey, "stale")
-    assert audit.returncode == 1, report
-    assert report["stale_days"] == {LATE_EVENT_DAY: 1}, report
-    ltv_through = report["customer_ltv_through"]
-    # Built through 01-13 by the UI backfill above (this test runs after it, as the module does).
-    assert ltv_through >= "2024-01-10", f"LTV built only through {ltv_through}: run the module"
-    assert report["repair_plan"] == [
-        f"staging+fct {LATE_EVENT_DAY}..{LATE_EVENT_DAY}",
-        f"customer_ltv {LATE_EVENT_DAY}..{ltv_through}",
-    ], report
-    lake = lakehouse_for(journey.lakehouse, spark)
-    ltv_before = max(c["version"] for c in lake.history(CUSTOMER_LTV))
-
-    repair, payload = run_cli(journey, "stale", "--repair")
-    assert repair.returncode == 0, (repair.stdout, repair.stderr[-3000:])
-    assert payload.get("backfill_id"), payload  # one backfill on the deployment
-    ranges = _assert_ltv_committed_oldest_first(lake, ltv_before, (LATE_EVENT_DAY, ltv_through))
-    assert len(ranges) >= 3, ranges  # several chunks, or the order proves nothing
-
-    audit, report = run_cli(journey, "stale")
-    assert audit.returncode == 0, report  # one repair is enough
