@@ -160,7 +160,7 @@ def topics(draw) -> Topic:
         Message(key, value, _at(day, draw(st.integers(0, 24 * 60 - 1))), reason)
         for key, value, day, reason in sent
     ]
-    return Topic(landing, messages, draw(st.sampled_from([12, 1000])))
+    return Topic(landing, messages, draw(st.sampled_from([20, 1000])))
 
 
 # The case that was lost: a message whose only fault is its currency, on an ingest day with
