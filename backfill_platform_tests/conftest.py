@@ -41,6 +41,8 @@ LONGEST_FIRST = (
     "test_crm.py",  # 204 s
     "test_stream.py",  # 161 s
     "test_operations.py",  # 154 s
+    # Not yet timed idle: 372 s at load 4-6 on 2026-12-02, 343 CPU-s (test_stream.py: 523).
+    "test_stream_fold.py",  # ~150 s
     "test_object_storage.py",  # e2e ~200 s
     "test_stream_kill.py",  # reliability ~180 s
     "test_first_hour.py",  # 129 s

@@ -107,26 +107,39 @@ def staging_orders(context: AssetExecutionContext, lakehouse: LakehouseResource)
 
 
 def staging_frames(
-    lakehouse: LakehouseResource, version: int | None, start: date, end: date
+    lakehouse: LakehouseResource,
+    version: int | None,
+    start: date,
+    end: date,
+    known: list[str] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """Both outputs over [start, end) from raw at `version`: the orders of those event days
     (latest wins) and the rejects of those ingest days. The live stream folds its batches
-    into staging with the very same frames (operations/stream.py)."""
-    known = known_currencies(lakehouse)
+    into staging with the very same frames (operations/stream.py), judged with the known
+    currencies (`known`, read here if not given) it chose the days by."""
+    known = known_currencies(lakehouse) if known is None else known
     raw = lakehouse.read(RAW_ORDERS, version)
     in_range = raw.where(
         (F.col("event_date") >= F.lit(start))
         & (F.col("event_date") < F.lit(end))
         & F.col("reject_reason").isNull()
     )
-    valid = with_unknown_currency(in_range, known).where(F.col("reject_reason").isNull())
+    valid = staging_reasons(in_range, known).where(F.col("reject_reason").isNull())
     staged = latest_wins(valid).withColumn("_loaded_at", F.current_timestamp())
     rejects = staging_rejects(
-        with_unknown_currency(
-            lakehouse.read_partitions(RAW_ORDERS, start, end, version), known
-        ).where(F.col("reject_reason").isNotNull())
+        staging_reasons(lakehouse.read_partitions(RAW_ORDERS, start, end, version), known).where(
+            F.col("reject_reason").isNotNull()
+        )
     )
     return staged, rejects
+
+
+def staging_reasons(raw: DataFrame, known: list[str]) -> DataFrame:
+    """Raw rows with `reject_reason` as staging judges them: the parser's reason, else the
+    rules that need more than the line (a currency with no rate anywhere, contract 1.1).
+    Staging's outputs, and the stream's choice of the days a batch changes in them, judge
+    rows here alone, so the fold and a run keep and reject the same rows."""
+    return with_unknown_currency(raw, known)
 
 
 def staging_rejects(rejected: DataFrame) -> DataFrame:

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from backfill_platform.assets.staging import staging_frames
+from backfill_platform.assets.staging import staging_frames, staging_reasons
 from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
@@ -38,6 +38,7 @@ from backfill_platform.tables import (
     STAGING_REJECTS,
     table,
 )
+from backfill_platform.transforms.fx import known_currencies
 from backfill_platform.transforms.messages import parse_messages
 
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
@@ -150,12 +151,19 @@ def write_batch(
     # One file per ingest day per batch (the Kafka source reads one task per partition).
     rows = parse_messages(messages).repartition("ingest_date").persist()
     try:
-        stats = rows.groupBy("kafka_partition", "ingest_date").agg(
+        # A fold judges each row as staging does (the parser's reason, then staging's own
+        # rules) to find, in the same job, the days the batch changes in either table.
+        judged = rows.withColumn("parsed_reason", F.col("reject_reason"))
+        known = None
+        if fold is not None:
+            known = known_currencies(lake)
+            judged = staging_reasons(judged, known)
+        stats = judged.groupBy("kafka_partition", "ingest_date").agg(
             F.min("kafka_offset").alias("first"),
             F.max("kafka_offset").alias("last"),
             F.count(F.lit(1)).alias("rows"),
-            F.count("reject_reason").alias("rejects"),
-            # The event days a fold rebuilds, in the same job (valid rows only).
+            F.count("parsed_reason").alias("rejects"),  # raw's: the parser's
+            F.count("reject_reason").alias("staging_rejects"),
             F.collect_set(F.when(F.col("reject_reason").isNull(), F.col("event_date"))).alias(
                 "event_days"
             ),
@@ -197,10 +205,16 @@ def write_batch(
             # A batch Delta skipped had committed raw before the process died, perhaps
             # before its fold: folding again from the current raw is idempotent.
             raw_version = version if version is not None else lake.current_version(RAW_ORDERS)
+            # A row staging keeps can change which version of its order wins, on its event
+            # day only (an order's event_time never changes); a row staging rejects adds a
+            # reject to its ingest day. No other day of either table can change.
             event_days = sorted({d.isoformat() for r in groups for d in r["event_days"]})
-            # A day's rejects change only when the batch brought rejects for it.
-            reject_days = sorted({r["ingest_date"].isoformat() for r in groups if r["rejects"]})
-            folded = fold_into_staging(lake, raw_version, event_days, reject_days, fold.frozen)
+            reject_days = sorted(
+                {r["ingest_date"].isoformat() for r in groups if r["staging_rejects"]}
+            )
+            folded = fold_into_staging(
+                lake, raw_version, event_days, reject_days, fold.frozen, known
+            )
     finally:
         rows.unpersist()
     report = BatchReport(
@@ -218,11 +232,13 @@ def fold_into_staging(
     event_days: list[str],
     ingest_days: list[str],
     frozen: FrozenDays | None = None,
+    known: list[str] | None = None,
 ) -> tuple[dict[str, dict[str, int]], list[str], float]:
     """Staging's orders of `event_days` and rejects of `ingest_days`, rebuilt from raw at
-    `raw_version` with the staging asset's own frames, one replace per run of consecutive
-    days (the same atomic partition replace a Dagster run does). Days a freeze holds are
-    skipped. Returns table -> {day: version}, the held days and the seconds it took.
+    `raw_version` with the staging asset's own frames (judged with `known`, the currencies
+    the days were chosen with), one replace per run of consecutive days (the same atomic
+    partition replace a Dagster run does). Days a freeze holds are skipped. Returns
+    table -> {day: version}, the held days and the seconds it took.
 
     A run that read raw before this batch and commits staging after it would put back
     the days without the batch's rows; the rolling window (recent days) and the staleness
@@ -237,7 +253,7 @@ def fold_into_staging(
     staged: dict[str, dict[str, int]] = {}
     for key, days in ((STAGING_ORDERS, event_days), (STAGING_REJECTS, ingest_days)):
         for span in ranges_of(d for d in days if d not in held):
-            orders, rejects = staging_frames(lake, raw_version, span.start, span.end)
+            orders, rejects = staging_frames(lake, raw_version, span.start, span.end, known)
             commit = lake.replace_range(
                 key,
                 orders if key == STAGING_ORDERS else rejects,

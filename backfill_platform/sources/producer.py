@@ -40,7 +40,7 @@ QUEUE_WAIT_SECONDS = 0.5
 @dataclass(frozen=True)
 class Message:
     key: str
-    value: str
+    value: str | bytes  # bytes: a value as sent, not UTF-8 (a malformed message)
     timestamp: datetime
     kind: str  # "version", "duplicate" or "malformed:<kind>"
 
@@ -146,7 +146,9 @@ def produce(
                 producer.produce(
                     topic,
                     key=message.key.encode(),
-                    value=message.value.encode(),
+                    value=message.value
+                    if isinstance(message.value, bytes)
+                    else message.value.encode(),
                     timestamp=int(message.timestamp.timestamp() * 1000),
                     on_delivery=delivered(index),
                 )
