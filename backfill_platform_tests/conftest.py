@@ -12,6 +12,11 @@ os.environ.setdefault("BACKFILL_START_DATE", "2024-01-01")
 # A deployment test may point SPARK_CONF_DIR at its own.
 os.environ.setdefault("SPARK_CONF_DIR", empty_conf_dir())
 os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit_args())
+# Run under `make test`, the README's commands a test runs would otherwise be sub-makes, which
+# print "Entering directory" lines a newcomer's `make demo` never shows.
+os.environ.pop("MAKELEVEL", None)
+os.environ.pop("MAKEFLAGS", None)
+os.environ.pop("MFLAGS", None)
 
 import json
 
