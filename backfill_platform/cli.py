@@ -112,7 +112,7 @@ from backfill_platform.operations.stream_events import StreamReporter
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
-from backfill_platform.resources.lakehouse import TableDropRefused
+from backfill_platform.resources.maintenance import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
 from backfill_platform.resources.stream_process import (
     TRIGGER_SECONDS,
