@@ -300,8 +300,10 @@ class LakehouseResource(ConfigurableResource):
         return identity(self.session, self.table_path(key))
 
     @contextmanager
-    def table_lock(self, key: AssetKey | str) -> Iterator[None]:
-        """Serialize this machine's writers to a table on a local root.
+    def table_lock(self, key: AssetKey | str, wait: bool = True) -> Iterator[bool]:
+        """Serialize this machine's writers to a table on a local root; yields whether this
+        writer holds the table (without `wait`, False at once while another writer does:
+        upkeep such as compaction gives way to writers instead of queueing before them).
 
         Delta's log store on a local filesystem gives mutual exclusion only inside one JVM,
         and each Dagster run is its own JVM: two runs committing version N at once could
@@ -315,14 +317,18 @@ class LakehouseResource(ConfigurableResource):
         """
         root = self.local_root()
         if root is None:
-            yield
+            yield True
             return
         lock_dir = root / "_locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with open(lock_dir / (self.storage_name(key).replace("/", "__") + ".lock"), "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                yield
+                fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -850,9 +856,13 @@ class LakehouseResource(ConfigurableResource):
         for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
             if commit.user_metadata.get("commit_token") == token:
                 metrics = commit.metrics
+                # A replace on a data predicate (the landing path's `owned_rows`) rewrites
+                # the other writer's rows it finds in the same files (a compacted day
+                # holds both): Delta counts those among the output as `numCopiedRows`.
+                copied = int(metrics.get("numCopiedRows", 0))
                 return CommitInfo(
                     version=commit.version,
-                    rows_written=int(metrics.get("numOutputRows", 0)),
+                    rows_written=int(metrics.get("numOutputRows", 0)) - copied,
                     files_written=int(metrics.get("numFiles", 0)),
                     files_removed=int(metrics.get("numRemovedFiles", 0)),
                     rows_removed=int(metrics.get("numDeletedRows", 0)),
