@@ -553,14 +553,35 @@ def test_plan_blocks_on_missing_inputs_and_on_runs_writing_the_same_partitions(o
         asset_selection={CUSTOMER_LTV},
         tags={RANGE_START_TAG: DAYS[4], RANGE_END_TAG: DAYS[6]},
     )
+    # launched while the partitions reached further (`make ui STREAM=on` defines the
+    # stream's days): its range runs past the last partition this process defines
+    beyond = DagsterRun(
+        job_name="__ASSET_JOB",
+        status=DagsterRunStatus.STARTED,
+        asset_selection={CUSTOMER_LTV},
+        tags={RANGE_START_TAG: DAYS[5], RANGE_END_TAG: "2099-01-02"},
+    )
     platform.instance.add_run(busy)
+    platform.instance.add_run(beyond)
     lake, landing = platform.resources["lakehouse"], platform.resources["landing"]
     plan = build_plan(
         lake, landing, platform.instance, [CUSTOMER_LTV], DAYS[0], DAYS[5], lineage=LINEAGE
     )
     assert not plan.ok
-    assert plan.conflicting_runs == [
-        {"run_id": busy.run_id, "assets": ["marts/customer_ltv"], "first": DAYS[4], "last": DAYS[6]}
+    conflicts = sorted(plan.conflicting_runs, key=lambda c: c["first"])
+    assert conflicts == [
+        {
+            "run_id": busy.run_id,
+            "assets": ["marts/customer_ltv"],
+            "first": DAYS[4],
+            "last": DAYS[6],
+        },
+        {
+            "run_id": beyond.run_id,
+            "assets": ["marts/customer_ltv"],
+            "first": DAYS[5],
+            "last": "2099-01-02",
+        },
     ]
     assert set(plan.assets[0].missing_inputs) == {
         f"staging/orders partitions {DAYS[0]}..{DAYS[5]} not built",

@@ -16,7 +16,9 @@ def conflicting_runs(
         days = run_days(run)
         if run.run_id == exclude_run_id or days is None:
             continue
-        keys = set(days.partition_keys())
+        # every day of its range: a run launched while the partitions reached further (a
+        # code location with the stream's days) may write days past today's last partition
+        keys = set(days.day_keys())
         assets = sorted(
             k.to_user_string()
             for k in (run.asset_selection or radius.keys())
