@@ -87,7 +87,7 @@ RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
 .PHONY: postgres-start postgres-stop demo-log
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -249,6 +249,13 @@ bench-cutover: install
 BENCH_STREAM_ARGS ?=
 bench-stream: install
 	$(PY) -m benchmarks.stream $(BENCH_STREAM_ARGS)
+
+# The stream's upkeep: the demo shop at 5 messages/s for 170 s, a batch a second, once without
+# compaction (every batch reported), once with the stream's OPTIMIZE and coalesced reports,
+# once with Delta's auto compaction: files per day, compactions, events (about 10 minutes).
+BENCH_STREAM_UPKEEP_ARGS ?=
+bench-stream-upkeep: install
+	$(PY) -m benchmarks.stream_upkeep $(BENCH_STREAM_UPKEEP_ARGS)
 
 # The raw parse alone (line reader + contract parser) vs the plain Spark anchor's reader and
 # json_tuple, to the noop sink: about 2 minutes (docs/performance.md).

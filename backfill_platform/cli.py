@@ -112,7 +112,7 @@ from backfill_platform.operations.stream_events import StreamReporter
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
-from backfill_platform.resources.lakehouse import TableDropRefused
+from backfill_platform.resources.maintenance import TableDropRefused
 from backfill_platform.resources.spark import SparkJarsMissing
 from backfill_platform.resources.stream_process import (
     TRIGGER_SECONDS,
@@ -132,9 +132,11 @@ from backfill_platform.runner import (
 )
 from backfill_platform.settings import (
     SHADOW_RETENTION_HOURS,
+    STREAM_COMPACT_FILES,
     STREAM_STAGING,
     SettingError,
     bool_setting,
+    int_setting,
     setting,
 )
 from backfill_platform.tables import (
@@ -712,11 +714,15 @@ def _stream(session: Session, args) -> Outcome:
     orders = orders_topic_from_settings()
     process = StreamProcess(dagster_home() / "stream")
     if args.action == "catch-up":
-        reporter = StreamReporter(session.instance, session.lake, orders.topic)
-        reporter.release()
-        report = catch_up(
-            session.lake, orders, on_batch=reporter, fold=staging_fold(session.instance)
-        )
+        with StreamReporter(session.instance, session.lake, orders.topic) as reporter:
+            reporter.release()
+            report = catch_up(
+                session.lake,
+                orders,
+                on_batch=reporter,
+                fold=staging_fold(session.instance),
+                compact_files=stream_compact_files(),
+            )
         text = "\n".join([report.describe(), *(f"  {note}" for note in reporter.notes)])
         payload = report.to_dict() | {"held_days": reporter.held, "notes": reporter.notes}
         return 0, payload, text
@@ -791,28 +797,47 @@ def staging_fold(instance: DagsterInstance) -> StagingFold | None:
     return StagingFold(frozen=frozen)
 
 
+def stream_compact_files() -> int:
+    """BACKFILL_STREAM_COMPACT_FILES: the small files at which the stream compacts a day."""
+    return int_setting(STREAM_COMPACT_FILES, minimum=2)
+
+
 def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
     """The stream in this process until SIGTERM or Ctrl-C; one line per batch as it commits."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
-    reporter = StreamReporter(session.instance, session.lake, orders.topic)
+    compact_files = stream_compact_files()
+    with StreamReporter(session.instance, session.lake, orders.topic) as reporter:
 
-    def show(batch) -> None:
-        said = len(reporter.notes)
-        reporter(batch)
-        print(batch.describe(), flush=True)
-        for note in reporter.notes[said:]:
+        def show(batch) -> None:
+            said = len(reporter.notes)
+            reporter(batch)
+            print(batch.describe(), flush=True)
+            for note in reporter.notes[said:]:
+                print(f"  {note}", flush=True)
+
+        into = "raw/orders and staging" if bool_setting(STREAM_STAGING) else "raw/orders"
+        print(f"streaming {orders.topic} from {orders.bootstrap_servers} into {into}", flush=True)
+        print(
+            f"  reports each partition at most every {reporter.interval:g} s; compacts a day "
+            f"at {compact_files} small files",
+            flush=True,
+        )
+        reporter.release()
+        for note in reporter.notes:
             print(f"  {note}", flush=True)
-
-    into = "raw/orders and staging" if bool_setting(STREAM_STAGING) else "raw/orders"
-    print(f"streaming {orders.topic} from {orders.bootstrap_servers} into {into}", flush=True)
-    reporter.release()
-    for note in reporter.notes:
-        print(f"  {note}", flush=True)
-    fold = staging_fold(session.instance)
-    report = run_stream(session.lake, orders, stop, trigger_seconds, on_batch=show, fold=fold)
+        report = run_stream(
+            session.lake,
+            orders,
+            stop,
+            trigger_seconds,
+            on_batch=show,
+            fold=staging_fold(session.instance),
+            compact_files=compact_files,
+            on_compaction=lambda done: print(f"  {done.describe()}", flush=True),
+        )
     return 0, report.to_dict(), f"stream stopped after {len(report.batches)} batch(es)"
 
 

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 from dagster import DagsterInstance
 
 from backfill_platform.assets.reference import observe_currencies
-from backfill_platform.cli import staging_fold
+from backfill_platform.cli import staging_fold, stream_compact_files
 from backfill_platform.console import (
     RunProgress,
     Terminal,
@@ -294,12 +294,14 @@ def _stream(args, resources, instance: DagsterInstance) -> bool:
                 f"{len(made):,} messages, {launch:%Y-%m-%d}..{last}"
             )
         lake = resources["lakehouse"]
-        caught = catch_up(
-            lake,
-            orders,
-            on_batch=StreamReporter(instance, lake, orders.topic),
-            fold=staging_fold(instance),
-        )
+        with StreamReporter(instance, lake, orders.topic) as reporter:
+            caught = catch_up(
+                lake,
+                orders,
+                on_batch=reporter,
+                fold=staging_fold(instance),
+                compact_files=stream_compact_files(),
+            )
         boundary = reconcile_boundary(
             lake, resources["landing"], orders, DayRange.of_days(args.end, last)
         )

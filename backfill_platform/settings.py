@@ -77,6 +77,8 @@ STREAM_MAX_OFFSETS = EnvVar("BACKFILL_STREAM_MAX_OFFSETS_PER_BATCH")
 # Seconds without a stream commit before raw/orders fails its freshness policy (WARN after
 # half); empty: no policy (a deployment without the stream). Read when definitions load.
 STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
+# A raw/orders day is compacted once it holds this many small files (the stream's batches).
+STREAM_COMPACT_FILES = EnvVar("BACKFILL_STREAM_COMPACT_FILES")
 # true: the stream folds each batch into staging/orders itself (seconds, not a window run).
 STREAM_STAGING = EnvVar("BACKFILL_STREAM_STAGING")
 # true: raw/orders carries the stream_offsets_once check, which asks the broker in every run.
@@ -323,6 +325,13 @@ SETTINGS: tuple[Setting, ...] = (
         "where the stream runs: `raw/orders` fails its freshness policy after this many "
         "seconds without a stream commit, warns after half (at least `60`; empty: no "
         "policy)",
+    ),
+    Setting(
+        "BACKFILL_STREAM_COMPACT_FILES",
+        "32",
+        "the stream compacts a `raw/orders` day (Delta's OPTIMIZE, beside the stream) once "
+        "it holds this many files under 8 MiB: after the round that follows each batch, a "
+        "day holds fewer, whatever its batch count (at least `2`)",
     ),
     Setting(
         "BACKFILL_STREAM_STAGING",

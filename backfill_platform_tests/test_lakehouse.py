@@ -14,6 +14,7 @@ from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources import lakehouse as lakehouse_module
 from backfill_platform.resources.delta_files import ZeroCopyUnavailable
 from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
+from backfill_platform.resources.maintenance import vacuum
 from backfill_platform.tables import table
 from backfill_platform_tests.harness import spark_resource_for_tests
 
@@ -287,7 +288,7 @@ def test_table_state_is_read_through_delta_and_the_storage(lake, spark):
     )
     assert lake.missing_files(TABLE, 0) == []
 
-    assert lake.vacuum(TABLE, retention_hours=0) == 1
+    assert vacuum(lake, TABLE, retention_hours=0) == 1
     assert len(lake.stored_files(TABLE)) == 3
     (gone,) = lake.missing_files(TABLE, 0)
     assert "d=2024-01-03/" in gone

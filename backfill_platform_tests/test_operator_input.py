@@ -19,7 +19,7 @@ import pytest
 from backfill_platform.definitions import build_resources
 from backfill_platform.operations.decommission import decommission
 from backfill_platform.operations.shadow import shadow_lakehouse
-from backfill_platform.resources.lakehouse import TableDropRefused
+from backfill_platform.resources.maintenance import TableDropRefused, drop_shadows
 from backfill_platform.tables import FCT_DAILY_REVENUE, InvalidShadowSuffix, shadow_name
 from backfill_platform_tests.harness import spark_resource_for_tests
 
@@ -131,7 +131,7 @@ def test_every_path_that_builds_a_shadow_name_refuses_the_suffix(lakehouse_with_
     with pytest.raises(InvalidShadowSuffix):
         decommission(lake, suffix, retention_hours=0)
     with pytest.raises(InvalidShadowSuffix):
-        lake.drop_shadows(suffix)
+        drop_shadows(lake, suffix)
     with pytest.raises(InvalidShadowSuffix):
         shadow_lakehouse(lake, suffix, [FCT_DAILY_REVENUE])
     assert tree_checksum(root) == before
@@ -151,7 +151,7 @@ def test_a_shadow_symlinked_outside_its_layer_is_refused(lakehouse_with_shadow):
     (root / "lakehouse" / "staging" / "orders__shadow_fx").symlink_to(outside)
     before = tree_checksum(root)
     with pytest.raises(TableDropRefused, match="nothing was deleted"):
-        lake.drop_shadows("fx")
+        drop_shadows(lake, "fx")
     assert tree_checksum(root) == before
 
 

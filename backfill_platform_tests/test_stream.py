@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -43,12 +44,13 @@ from backfill_platform.operations.stream import (
     StagingFold,
     catch_up,
     fold_into_staging,
-    report_batch,
+    run_stream,
     stream_status,
 )
-from backfill_platform.operations.stream_events import StreamReporter, held_days
+from backfill_platform.operations.stream_events import StreamReporter, held_days, report_batch
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import OrdersTopicResource
+from backfill_platform.resources.maintenance import small_files
 from backfill_platform.resources.stream_process import StreamProcess
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG
 from backfill_platform.sources.crm_process import free_port
@@ -152,7 +154,7 @@ def test_messages_land_in_raw_exactly_once(stream_platform, broker, monkeypatch,
     p, span = next(iter(spans.items()))
     assert f"p{p} first {span['first']} next {span['next']}" in batch.describe()
     for record in platform.instance.fetch_materializations(RAW_ORDERS, limit=100).records:
-        assert record.asset_materialization.metadata["batch_offsets"].value == spans
+        assert record.asset_materialization.metadata["offsets"].value == spans
     # Staging and the marts follow the stream through the rolling window: its sensor reacts
     # to the stream's materializations with one ranged run up to the newest streamed day.
     with build_sensor_context(instance=platform.instance) as context:
@@ -390,7 +392,8 @@ def test_end_date_today_reports_todays_stream_batches_as_they_commit():
     code = """if True:
         from datetime import UTC, datetime
         from dagster import DagsterInstance
-        from backfill_platform.operations.stream import BatchReport, report_batch
+        from backfill_platform.operations.stream import BatchReport
+        from backfill_platform.operations.stream_events import report_batch
         from backfill_platform.tables import RAW_ORDERS
         today = datetime.now(UTC).date().isoformat()
         with DagsterInstance.ephemeral() as instance:
@@ -985,3 +988,143 @@ def _supervisor_ticks(home: Path, count: int, timeout: float) -> list:
             return sorted(ticks, key=lambda t: t.timestamp, reverse=True)[:count]
         assert time.monotonic() < deadline, f"{len(ticks)} supervisor tick(s) in {timeout} s"
         time.sleep(5)
+
+
+def _raw_events(instance: DagsterInstance) -> dict[str, list]:
+    """raw/orders' materializations per day, oldest first."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=RAW_ORDERS), limit=10_000, ascending=True
+    ).records
+    found: dict[str, list] = {}
+    for record in records:
+        found.setdefault(record.asset_materialization.partition, []).append(
+            record.asset_materialization
+        )
+    return found
+
+
+def test_the_stream_reports_each_partition_at_most_once_per_interval():
+    """Coalescing, on the reporter alone: 40 batches writing two days and folding one, a
+    report interval of 1 s. Each partition gets a materialization at once, then at most one
+    per interval (a timer reports the last batches of a quiet spell), then what is pending
+    when the stream stops; together they carry every row, and each day's last one carries
+    the final offsets and batch. A day past the partitions is held, never reported."""
+    days, today = ["2024-01-10", "2024-01-11"], datetime.now(UTC).date().isoformat()
+    with DagsterInstance.ephemeral() as instance:
+        with StreamReporter(instance, None, TOPIC, interval_seconds=1.0) as reporter:
+            started, after = time.monotonic(), {0: 0, 1: 0}
+            for batch_id in range(40):
+                spans = {p: (after[p], after[p] + 2) for p in after}
+                after = {p: after[p] + 2 for p in after}
+                rows = {days[0]: 3, days[1]: 1} | ({today: 1} if batch_id == 7 else {})
+                staged = {"staging/orders": {days[0]: 100 + batch_id}}
+                reporter(
+                    BatchReport(
+                        batch_id,
+                        sum(rows.values()),
+                        0,
+                        spans,
+                        rows,
+                        batch_id + 1,
+                        0.1,
+                        staged=staged,
+                    )
+                )
+                time.sleep(0.05)
+            elapsed = time.monotonic() - started
+            time.sleep(1.5)  # quiet: the timer reports what the last batches left pending
+            assert reporter.reported == sum(len(e) for e in _raw_events(instance).values()) + len(
+                instance.fetch_materializations(AssetKey(["staging", "orders"]), 100).records
+            )
+            quiet = reporter.reported
+            assert reporter.held == [today] and "held " + today in reporter.notes[0]
+        assert reporter.reported == quiet  # the timer had left nothing for the stop
+        raw = _raw_events(instance)
+        assert set(raw) == set(days)
+        bound = elapsed / reporter.interval + 2
+        for day, per_batch in ((days[0], 3), (days[1], 1)):
+            events = raw[day]
+            assert 2 <= len(events) <= bound < 40, (day, len(events), bound)
+            assert events[0].metadata["batches"].value == 1  # the first batch, at once
+            assert sum(e.metadata["rows"].value for e in events) == 40 * per_batch
+            assert sum(e.metadata["batches"].value for e in events) == 40
+            last = events[-1].metadata
+            assert last["batch_id"].value == 39 and last["delta_version"].value == 40
+            assert last["offsets"].value["0"]["next"] == last["offsets"].value["1"]["next"] == 80
+        staged = instance.fetch_materializations(AssetKey(["staging", "orders"]), 100).records
+        assert (
+            len(staged) <= bound
+            and staged[0].asset_materialization.metadata["delta_version"].value == 139
+        )  # newest first
+
+
+def test_a_stream_of_small_batches_keeps_raw_files_and_events_bounded(broker, spark, tmp_path):
+    """The stream as it runs for months, in miniature: 16 batches of at most 4 messages
+    over two ingest days, a day compacted at 4 small files, a report interval longer than
+    the run. Every message is in raw once, each day holds fewer than 4 small files once the
+    stream stopped (compacted beside it, no row changed), and each day has two
+    materializations (the first batch at once, the rest when the stream stopped) that carry
+    every row and end at the final offsets; the stream's status skips the compactions'
+    commits to find its last batch."""
+    topic, days = "orders_upkeep", ["2024-01-10", "2024-01-11"]
+    broker.create_topic(topic, 2)
+    platform = Platform.create(tmp_path / "upkeep")
+    lake = platform.resources["lakehouse"]
+    orders = OrdersTopicResource(
+        bootstrap_servers=broker.bootstrap, topic=topic, max_offsets_per_batch=4
+    )
+    messages = [
+        Message(
+            f"u-{i}",
+            order_line(f"u-{i}", f"{days[i % 2]}T10:00:00Z"),
+            datetime.fromisoformat(f"{days[i % 2]}T10:00:00+00:00") + timedelta(seconds=i),
+            "version",
+        )
+        for i in range(64)
+    ]
+    produced = produce(broker.bootstrap, topic, messages)
+    stop, seen, heard = threading.Event(), [], []
+    with StreamReporter(platform.instance, lake, topic, interval_seconds=3600) as reporter:
+
+        def on_batch(batch: BatchReport) -> None:
+            reporter(batch)
+            seen.append(batch)
+
+        done: dict = {}
+        stream = threading.Thread(
+            target=lambda: done.update(
+                report=run_stream(
+                    lake, orders, stop, 1.0, on_batch, compact_files=4, on_compaction=heard.append
+                )
+            )
+        )
+        stream.start()
+        deadline = time.monotonic() + 400
+        while sum(b.rows for b in seen) < len(produced) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        stop.set()
+        stream.join()
+    report = done["report"]
+    assert report.rows == len(produced) and len(report.batches) >= 16
+    raw = lake.read(RAW_ORDERS).where(F.col("kafka_topic") == topic)
+    assert sorted((r["kafka_partition"], r["kafka_offset"]) for r in raw.collect()) == sorted(
+        (p.partition, p.offset) for p in produced
+    )
+    files = small_files(lake, RAW_ORDERS)
+    assert set(files) == set(days) and max(files.values()) < 4, files
+    # a round compacts every day at the threshold: one file out per day
+    assert report.compactions
+    assert all(c.files_added == len(c.small_files) for c in report.compactions)
+    optimized = [c for c in lake.history(RAW_ORDERS) if c["operation"] == "OPTIMIZE"]
+    assert len(optimized) == len(report.compactions)
+
+    per_day = Counter(p.message.timestamp.date().isoformat() for p in produced)
+    final = {p: max(b.offsets[p][1] for b in report.batches if p in b.offsets) for p in (0, 1)}
+    for day, events in _raw_events(platform.instance).items():
+        assert len(events) == 2, (day, [e.metadata["batches"].value for e in events])
+        assert sum(e.metadata["rows"].value for e in events) == per_day[day]
+        last = events[-1].metadata
+        assert last["batch_id"].value == max(b.batch_id for b in seen if day in b.rows_by_day)
+        assert {int(p): s["next"] for p, s in last["offsets"].value.items()} == final
+    status = stream_status(lake, orders)
+    assert status.lag == 0 and status.last_batch["batch_id"] == report.batches[-1].batch_id

@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     asset = f"{args.url}/assets/raw/orders"
     pages = {
-        "stream-raw-orders-overview.png": (asset, ["Freshness policy", "batch_offsets"]),
+        "stream-raw-orders-overview.png": (asset, ["Freshness policy", "offsets"]),
         "stream-partition-day.png": (
             f"{asset}?view=partitions&partition={args.day}",
-            [args.day, "batch_offsets", "writer"],
+            [args.day, "offsets", "writer"],
         ),
     }
     with chromium() as driver:

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from backfill_platform.refusals import refusal
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.maintenance import vacuum
 from backfill_platform.settings import SHADOW_RETENTION_HOURS, VACUUM_RETENTION_HOURS, setting
 from backfill_platform.tables import TABLES
 
@@ -52,7 +53,7 @@ def vacuum_lakehouse(
         if not lakehouse.exists(name):
             continue
         before = len(lakehouse.stored_files(name))
-        lakehouse.vacuum(name, retention)
+        vacuum(lakehouse, name, retention)
         after = len(lakehouse.stored_files(name))
         context.log_event(
             AssetObservation(

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from backfill_platform.operations.arguments import check_retention_hours
 from backfill_platform.operations.cutover import CUTOVER
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.maintenance import drop_shadows, vacuum
 from backfill_platform.settings import VACUUM_RETENTION_HOURS, setting
 from backfill_platform.tables import TABLES, check_shadow_suffix
 
@@ -86,10 +87,10 @@ def decommission(
             "would no longer be restorable or readable as of their version. Pass "
             "--shorten-history to do it anyway. Nothing dropped or vacuumed."
         )
-    dropped = lake.drop_shadows(suffix)
+    dropped = drop_shadows(lake, suffix)
     # Our window replaces Delta's 7-day check; never below the configured one unless asked.
     for table in vacuumed:
-        lake.vacuum(table, keep)
+        vacuum(lake, table, keep)
     return Decommission(
         suffix, dropped, vacuumed, retention_hours, keep, last.isoformat() if last else None
     )

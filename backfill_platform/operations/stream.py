@@ -15,21 +15,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.assets.staging import staging_frames, staging_reasons
-from backfill_platform.partitions import in_partitions
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource, offset_spans
 from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.resources.maintenance import COMPACT_FILES, Compaction, DayCompactor
 from backfill_platform.resources.storage import join, list_dir
 from backfill_platform.tables import (
     RAW_ORDERS,
@@ -108,6 +108,7 @@ class CatchUpReport:
     checkpoint: str
     batches: list[BatchReport] = field(default_factory=list)
     seconds: float = 0.0
+    compactions: list[Compaction] = field(default_factory=list)  # raw/orders' days compacted
 
     @property
     def rows(self) -> int:
@@ -125,6 +126,7 @@ class CatchUpReport:
             "rows": self.rows,
             "rejects": self.rejects,
             "seconds": round(self.seconds, 3),
+            "compactions": [asdict(c) for c in self.compactions],
         }
 
     def describe(self) -> str:
@@ -134,7 +136,13 @@ class CatchUpReport:
             f"({self.rejects} rejects) into raw/orders in {self.seconds:.1f} s "
             f"({rate:,.0f} rows/s); checkpoint {self.checkpoint}"
         )
-        return "\n".join([head, *(f"  {b.describe()}" for b in self.batches)])
+        return "\n".join(
+            [
+                head,
+                *(f"  {b.describe()}" for b in self.batches),
+                *(f"  {c.describe()}" for c in self.compactions),
+            ]
+        )
 
 
 def write_batch(
@@ -269,68 +277,22 @@ def fold_into_staging(
     return staged, held, time.monotonic() - started
 
 
-def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> list[str]:
-    """Dagster has no streaming runs: each committed batch is a runless materialization of
-    every raw/orders partition it wrote (batch id, Delta version, rows, offsets), so the
-    asset's partitions show the stream's progress per day beside the backfills' runs and
-    their downstream partitions turn stale as late messages land. A replay that Delta
-    skipped wrote nothing to raw and is not reported; what a fold staged is.
-
-    Only partitions are reported: a day past the last one (a message stamped after
-    BACKFILL_END_DATE, or today while the partitions end yesterday) is not a partition the
-    code location defines. Returns the raw/orders days it held back that way; their rows
-    are in raw, and `stream_events.StreamReporter` reports them once they are partitions."""
-    spans = MetadataValue.json(offset_spans(batch.offsets))
-    for name, versions in sorted(batch.staged.items()):
-        for day in in_partitions(sorted(versions)):
-            version = versions[day]
-            instance.report_runless_asset_event(
-                AssetMaterialization(
-                    asset_key=AssetKey.from_user_string(name),
-                    partition=day,
-                    description=f"stream batch {batch.batch_id} folded into {name}",
-                    metadata={
-                        "writer": STREAM_WRITER,
-                        "batch_id": batch.batch_id,
-                        "delta_version": version,
-                    },
-                )
-            )
-    if batch.delta_version is None:
-        return []
-    defined = in_partitions(sorted(batch.rows_by_day))
-    for day in defined:
-        rows = batch.rows_by_day[day]
-        instance.report_runless_asset_event(
-            AssetMaterialization(
-                asset_key=RAW_ORDERS,
-                partition=day,
-                description=f"stream batch {batch.batch_id} from {topic}",
-                metadata={
-                    "writer": STREAM_WRITER,
-                    "topic": topic,
-                    "batch_id": batch.batch_id,
-                    "delta_version": batch.delta_version,
-                    "rows": rows,
-                    "batch_offsets": spans,
-                },
-            )
-        )
-    return sorted(set(batch.rows_by_day) - set(defined))
-
-
 def catch_up(
     lake: LakehouseResource,
     orders: OrdersTopicResource,
     on_batch: Callable[[BatchReport], None] | None = None,
     fold: StagingFold | None = None,
+    compact_files: int | None = COMPACT_FILES,
+    on_compaction: Callable[[Compaction], None] | None = None,
 ) -> CatchUpReport:
     """Every message the topic holds now and raw does not, then stop (Spark's AvailableNow
-    trigger: the offsets available at the start, in batches of `max_offsets_per_batch`)."""
+    trigger: the offsets available at the start, in batches of `max_offsets_per_batch`).
+    Days that reach `compact_files` small files are compacted meanwhile (None: not)."""
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
     clock = time.monotonic()
-    query = _start(lake, orders, report, {"availableNow": True}, on_batch, fold)
-    query.awaitTermination()
+    with _compactor(lake, report, compact_files, on_compaction) as compactor:
+        query = _start(lake, orders, report, {"availableNow": True}, on_batch, fold, compactor)
+        query.awaitTermination()
     report.seconds = time.monotonic() - clock
     return report
 
@@ -342,28 +304,57 @@ def run_stream(
     trigger_seconds: float = 5.0,
     on_batch: Callable[[BatchReport], None] | None = None,
     fold: StagingFold | None = None,
+    compact_files: int | None = COMPACT_FILES,
+    on_compaction: Callable[[Compaction], None] | None = None,
 ) -> CatchUpReport:
     """The stream until `stop` is set: a micro-batch every `trigger_seconds` while messages
     arrive. Stopping between or inside a batch is safe: an unfinished batch is re-run over
     the same offsets on the next start (and skipped by Delta if it had committed). A failed
-    query raises (its exception), so a supervisor sees it and starts it again."""
+    query raises (its exception), so a supervisor sees it and starts it again. Days that
+    reach `compact_files` small files are compacted beside it (None: not)."""
     report = CatchUpReport(orders.topic, checkpoint_location(lake))
     clock = time.monotonic()
     trigger = {"processingTime": f"{trigger_seconds} seconds"}
-    query = _start(lake, orders, report, trigger, on_batch, fold)
-    try:
-        while not stop.is_set() and query.isActive:
-            query.awaitTermination(1)
-        # Let a batch in flight commit rather than cancel it (cancelling is safe, the next
-        # start re-runs it, but wastes its work).
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-            query.awaitTermination(0.5)
-    finally:
-        if query.isActive:
-            query.stop()
+    with _compactor(lake, report, compact_files, on_compaction) as compactor:
+        query = _start(lake, orders, report, trigger, on_batch, fold, compactor)
+        try:
+            while not stop.is_set() and query.isActive:
+                query.awaitTermination(1)
+            # Let a batch in flight commit rather than cancel it (cancelling is safe, the
+            # next start re-runs it, but wastes its work).
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            while (
+                query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline
+            ):
+                query.awaitTermination(0.5)
+        finally:
+            if query.isActive:
+                query.stop()
     report.seconds = time.monotonic() - clock
     return report
+
+
+@contextmanager
+def _compactor(
+    lake: LakehouseResource,
+    report: CatchUpReport,
+    compact_files: int | None,
+    on_compaction: Callable[[Compaction], None] | None,
+) -> Iterator[DayCompactor | None]:
+    """raw/orders' compaction beside the query (resources/maintenance.py), its last round
+    run when the query ends; the rounds that compacted are recorded in `report`."""
+    if compact_files is None:
+        yield None
+        return
+
+    def heard(done: Compaction) -> None:
+        if done.gave_way is None:
+            report.compactions.append(done)
+        if on_compaction is not None:
+            on_compaction(done)
+
+    with DayCompactor(lake, RAW_ORDERS, compact_files, on_round=heard) as compactor:
+        yield compactor
 
 
 def _start(
@@ -373,8 +364,10 @@ def _start(
     trigger: dict[str, Any],
     on_batch: Callable[[BatchReport], None] | None = None,
     fold: StagingFold | None = None,
+    compactor: DayCompactor | None = None,
 ) -> StreamingQuery:
-    """The query from the topic into raw/orders, batches recorded in `report`."""
+    """The query from the topic into raw/orders, batches recorded in `report`, the days
+    each batch wrote handed to `compactor`."""
     # The batch function needs the query's id, known once start() returns; a batch that
     # starts before waits for it.
     started = threading.Event()
@@ -384,6 +377,8 @@ def _start(
         started.wait()
         batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic, fold)
         report.batches.append(batch)
+        if compactor is not None and batch.delta_version is not None:
+            compactor.note(batch.rows_by_day)
         if on_batch is not None:
             on_batch(batch)
 

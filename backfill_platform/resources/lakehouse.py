@@ -79,10 +79,6 @@ class CommitLost(RuntimeError):
     across writers). The platform's own after-write check; docs/object-storage.md."""
 
 
-class TableDropRefused(Exception):
-    """A drop was refused before anything was deleted."""
-
-
 @dataclass(frozen=True)
 class CommitInfo:
     version: int
@@ -225,7 +221,7 @@ class LakehouseResource(ConfigurableResource):
 
     def table_path(self, key: AssetKey | str) -> str:
         """A resolved local path, or `<root>/<name>` for a URI root such as `s3a://bucket/lake`."""
-        local = self._local_root()
+        local = self.local_root()
         if local is None:
             return f"{self.root_dir.rstrip('/')}/{self.storage_name(key)}"
         return str(local / self.storage_name(key))
@@ -304,8 +300,10 @@ class LakehouseResource(ConfigurableResource):
         return identity(self.session, self.table_path(key))
 
     @contextmanager
-    def table_lock(self, key: AssetKey | str) -> Iterator[None]:
-        """Serialize this machine's writers to a table on a local root.
+    def table_lock(self, key: AssetKey | str, wait: bool = True) -> Iterator[bool]:
+        """Serialize this machine's writers to a table on a local root; yields whether this
+        writer holds the table (without `wait`, False at once while another writer does:
+        upkeep such as compaction gives way to writers instead of queueing before them).
 
         Delta's log store on a local filesystem gives mutual exclusion only inside one JVM,
         and each Dagster run is its own JVM: two runs committing version N at once could
@@ -317,16 +315,20 @@ class LakehouseResource(ConfigurableResource):
         store, `resources/spark.py`) and Delta's optimistic concurrency retries or fails
         the loser; `replace_range` retries a conflicting replace (docs/object-storage.md).
         """
-        root = self._local_root()
+        root = self.local_root()
         if root is None:
-            yield
+            yield True
             return
         lock_dir = root / "_locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         with open(lock_dir / (self.storage_name(key).replace("/", "__") + ".lock"), "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                yield
+                fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -511,7 +513,7 @@ class LakehouseResource(ConfigurableResource):
     ) -> str | None:
         """Why `adopt_range` cannot move `source`'s files into this table; None when it can."""
         name = _name(key)
-        if self._local_root() is None:
+        if self.local_root() is None:
             return "the lakehouse is on an object store, which has no hard links"
         if name in _OWNED:
             return f"{name} shares its partitions with a second writer"
@@ -667,7 +669,7 @@ class LakehouseResource(ConfigurableResource):
         An object-store root has no lock: a stream batch committed between this check and
         the replace would be dropped with the range, so there the data predicate stays.
         """
-        if self._local_root() is None:
+        if self.local_root() is None:
             return False
         return self.read(key).where(f"{in_range} AND NOT ({owned})").isEmpty()
 
@@ -705,31 +707,6 @@ class LakehouseResource(ConfigurableResource):
                 )
                 time.sleep(random.uniform(0.5, 2.0) * attempt)
         raise AssertionError("unreachable")
-
-    def vacuum(self, key: AssetKey | str, retention_hours: float) -> int | None:
-        """VACUUM under the table lock, with the caller's retention window in place of
-        Delta's fixed 7-day check (callers enforce their own floor: the shadow retention).
-
-        The lock matters for a short window: VACUUM must not delete a writer's new files.
-        Returns the files it deleted, from the VACUUM END commit Delta logs (None if Delta's
-        VACUUM logging is off).
-
-        Delta lists the table's files with Spark's partition-discovery parallelism, 10,000
-        tasks by default whatever the table's size: 30 to 60 s for a table of 8 folders in a
-        2-core session, 4 to 6 s with one task per core (docs/performance.md). The cores are
-        what can run at once, so more tasks than that only queue.
-        """
-        settings = {
-            _RETENTION_CHECK: "false",
-            _LISTING_PARALLELISM: str(self.session.sparkContext.defaultParallelism),
-        }
-        with self.spark.temporary_conf(settings), self.table_lock(key):
-            table_ = self.delta_table(key)
-            table_.vacuum(retention_hours)
-            latest = table_.history(1).first()
-        if latest["operation"] != "VACUUM END":
-            return None
-        return int((latest["operationMetrics"] or {}).get("numDeletedFiles", 0))
 
     # -- table state, read through Delta and the storage's FileSystem (no local paths) ------
     def detail(self, key: AssetKey | str) -> TableDetail | None:
@@ -829,50 +806,7 @@ class LakehouseResource(ConfigurableResource):
             shadow_name(t.name, suffix) for t in TABLES if self.exists(shadow_name(t.name, suffix))
         ]
 
-    def drop_shadows(self, suffix: str) -> list[str]:
-        """Delete every shadow table of `suffix`; returns their names.
-
-        Only ever removes Delta table directories directly under their table's layer in this
-        lakehouse: names come from the registry and a validated suffix, then each resolved
-        path (symlinks followed) is compared with its resolved layer directory. Every shadow
-        is checked before the first is deleted, so a refusal deletes nothing.
-        """
-        root = self._local_root()
-        doomed = []
-        for registered in TABLES:
-            name = shadow_name(registered.name, suffix)
-            if root is None:
-                # Object stores have no symlinks: the validated name is the whole guard.
-                path = shown = self.table_path(name)
-                if not self._storage_exists(path):
-                    continue
-            else:
-                layer_dir = (root / registered.layer).resolve()
-                resolved = (root / name).resolve()
-                if not (root / name).exists() and not (root / name).is_symlink():
-                    continue
-                if (
-                    layer_dir.parent != root
-                    or resolved.parent != layer_dir
-                    or resolved.name != name.split("/")[1]
-                ):
-                    raise TableDropRefused(
-                        f"{name}: resolves to {resolved}, not a table directly under "
-                        f"{root / registered.layer}; nothing was deleted."
-                    )
-                path, shown = resolved.as_uri(), resolved
-            if not self.exists(name):
-                raise TableDropRefused(
-                    f"{name}: {shown} is not a Delta table; nothing was deleted."
-                )
-            doomed.append((name, path))
-        for name, path in doomed:
-            with self.table_lock(name):
-                filesystem, hadoop_path = self._storage(path)
-                filesystem.delete(hadoop_path, True)
-        return [name for name, _ in doomed]
-
-    def _local_root(self) -> Path | None:
+    def local_root(self) -> Path | None:
         """The root as a resolved local directory; None for a remote URI (`s3a://...`)."""
         parsed = urlparse(self.root_dir)
         if not is_uri(self.root_dir):
@@ -922,9 +856,13 @@ class LakehouseResource(ConfigurableResource):
         for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
             if commit.user_metadata.get("commit_token") == token:
                 metrics = commit.metrics
+                # A replace on a data predicate (the landing path's `owned_rows`) rewrites
+                # the other writer's rows it finds in the same files (a compacted day
+                # holds both): Delta counts those among the output as `numCopiedRows`.
+                copied = int(metrics.get("numCopiedRows", 0))
                 return CommitInfo(
                     version=commit.version,
-                    rows_written=int(metrics.get("numOutputRows", 0)),
+                    rows_written=int(metrics.get("numOutputRows", 0)) - copied,
                     files_written=int(metrics.get("numFiles", 0)),
                     files_removed=int(metrics.get("numRemovedFiles", 0)),
                     rows_removed=int(metrics.get("numDeletedRows", 0)),
@@ -1041,8 +979,6 @@ CONCURRENT_WRITE_CONFLICTS = (
 _T = TypeVar("_T")
 # Tables whose partitioned write path shares partitions with another writer (tables.py).
 _OWNED = {t.name: t for t in TABLES if t.owned_rows}
-_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
-_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 def _refuse_rows_outside(df: DataFrame, column: str, predicate: str) -> DataFrame:

@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dagster import DagsterInstance
 
-from backfill_platform.operations.stream import BatchReport, report_batch
+from backfill_platform.operations.stream import BatchReport
+from backfill_platform.operations.stream_events import report_batch
 from backfill_platform_tests.e2e.browser import chromium, dismiss_community_dialog
 from backfill_platform_tests.e2e.conftest import STREAM_FRESHNESS_SECONDS
 from backfill_platform_tests.e2e.services import wait_for
