@@ -43,6 +43,7 @@ LONGEST_FIRST = (
     "test_stale_repair_deployed.py",  # e2e: a deployment, 5 runs, 5 CLI processes
     "test_live_backfill.py",  # reliability 261 s
     "test_bench.py",  # `make reliability` (marked bench) ~150 s
+    "test_readme.py",  # 305 s, the README's commands one after the other (2026-12-02)
     "test_crm.py",  # 204 s
     "test_stream.py",  # 161 s
     "test_operations.py",  # 154 s
