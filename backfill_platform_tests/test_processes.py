@@ -3,7 +3,10 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from backfill_platform.processes import running_as
 from backfill_platform.resources.stream_process import StreamProcess
@@ -11,8 +14,14 @@ from backfill_platform.sources.kafka_broker import PID_FILE, running_broker
 
 
 def _bystander() -> subprocess.Popen:
-    """Another user's process, holding the pid a stale pid file names."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    """Another user's process, holding the pid a stale pid file names; returned once it runs
+    its own command line (until its exec the child still shows the test's)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    deadline = time.monotonic() + 60
+    while "time.sleep(300)" not in " ".join(psutil.Process(process.pid).cmdline()):
+        assert time.monotonic() < deadline, "the bystander did not start within 60 s"
+        time.sleep(0.05)
+    return process
 
 
 def test_a_stale_stream_pid_file_never_signals_the_process_that_reused_its_pid(tmp_path: Path):
