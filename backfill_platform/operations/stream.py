@@ -27,7 +27,12 @@ from pyspark.sql.streaming import StreamingQuery
 from backfill_platform.assets.staging import staging_frames, staging_reasons
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
-from backfill_platform.resources.kafka import QUERY_NAME, OrdersTopicResource, offset_spans
+from backfill_platform.resources.kafka import (
+    QUERY_NAME,
+    OrdersTopicResource,
+    merge_span,
+    offset_spans,
+)
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.resources.maintenance import COMPACT_FILES, Compaction, DayCompactor
 from backfill_platform.resources.storage import join, list_dir
@@ -180,8 +185,7 @@ def write_batch(
         offsets: dict[int, tuple[int, int]] = {}
         rows_by_day: dict[str, int] = {}
         for r in groups:
-            lo, after = offsets.get(r["kafka_partition"], (r["first"], r["last"] + 1))
-            offsets[r["kafka_partition"]] = (min(lo, r["first"]), max(after, r["last"] + 1))
+            merge_span(offsets, r["kafka_partition"], r["first"], r["last"] + 1)
             day = r["ingest_date"].isoformat()
             rows_by_day[day] = rows_by_day.get(day, 0) + r["rows"]
         days = sorted(rows_by_day)

@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 from backfill_platform.assets.freshness import stream_freshness_policy
 from backfill_platform.operations.stream import STREAM_WRITER, BatchReport
 from backfill_platform.partitions import daily_partitions, in_partitions
-from backfill_platform.resources.kafka import offset_spans
+from backfill_platform.resources.kafka import merge_span, offset_spans
 from backfill_platform.resources.lakehouse import LakehouseResource
 from backfill_platform.tables import RAW_ORDERS, RAW_ORDERS_STREAM_COLUMN
 
@@ -85,8 +85,7 @@ class DayReport:
         """This report and a later batch's, as one."""
         spans = dict(self.offsets)
         for p, (first, after) in later.offsets.items():
-            lo, hi = spans.get(p, (first, after))
-            spans[p] = (min(lo, first), max(hi, after))
+            merge_span(spans, p, first, after)
         return replace(
             self,
             first_batch=min(self.first_batch, later.first_batch),

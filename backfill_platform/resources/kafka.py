@@ -149,6 +149,13 @@ def offset_spans(spans: Mapping[int, tuple[int, int]]) -> dict[str, dict[str, in
     return {str(p): {"first": lo, "next": after} for p, (lo, after) in sorted(spans.items())}
 
 
+def merge_span(spans: dict[int, tuple[int, int]], partition: int, first: int, after: int) -> None:
+    """Widen `spans`' span of `partition` (first offset, next offset) to cover `first` to
+    `after`, or start it."""
+    lo, hi = spans.get(partition, (first, after))
+    spans[partition] = (min(lo, first), max(hi, after))
+
+
 def orders_topic_from_settings() -> OrdersTopicResource:
     return OrdersTopicResource(
         bootstrap_servers=setting(KAFKA_BOOTSTRAP),
