@@ -156,10 +156,17 @@ def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> l
     it committed. Only partitions are reported; returns the raw/orders days it held back
     (past the last partition: their rows are in raw, `StreamReporter` reports them once
     they are partitions)."""
-    reports = day_reports(batch)
+    defined, past = _by_partition(day_reports(batch))
+    report_days(instance, topic, defined)
+    return sorted(past)
+
+
+def _by_partition(reports: list[DayReport]) -> tuple[list[DayReport], set[str]]:
+    """The reports of partitions the code location defines, and the raw/orders days past
+    the last partition (held: never reported as a materialization)."""
     defined = set(in_partitions(sorted({r.day for r in reports})))
-    report_days(instance, topic, [r for r in reports if r.day in defined])
-    return sorted({r.day for r in reports if r.asset == RAW} - defined)
+    past = {r.day for r in reports if r.asset == RAW} - defined
+    return [r for r in reports if r.day in defined], past
 
 
 class StreamReporter:
@@ -194,13 +201,11 @@ class StreamReporter:
             # A held day that is a partition now is reported below with raw's rows of the
             # day, this batch's included.
             releasing = set(in_partitions(self.held))
-            reports = day_reports(batch)
-            defined = set(in_partitions(sorted({r.day for r in reports})))
-            for r in reports:
-                if r.day in defined and not (r.asset == RAW and r.day in releasing):
+            defined, past = _by_partition(day_reports(batch))
+            for r in defined:
+                if not (r.asset == RAW and r.day in releasing):
                     earlier = self._pending.get((r.asset, r.day))
                     self._pending[(r.asset, r.day)] = earlier.then(r) if earlier else r
-            past = {r.day for r in reports if r.asset == RAW} - defined
             new = sorted(past - set(self.held))
             if new:
                 self.held = sorted({*self.held, *new})
