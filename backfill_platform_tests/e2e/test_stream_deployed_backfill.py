@@ -19,6 +19,7 @@ import pytest
 from dagster import DagsterInstance
 
 from backfill_platform.operations.stream import STREAM_WRITER
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources.stream_process import StreamProcess
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.sources.kafka_broker import kafka_broker
@@ -108,6 +109,7 @@ def test_ui_backfill_beside_the_running_stream_converges_to_the_contract(tmp_pat
         assert process.pid() is not None, "the stream stopped"
 
         newest = max(last, *(as_message(p).ingest_date for p in produced))
+        message_days = {as_message(p).ingest_date.isoformat() for p in produced}
         # What a user sees: a day only the stream wrote, its runless materializations on
         # the asset's page (screenshot in test-artifacts/), beside the backfill's days.
         ARTIFACTS.mkdir(exist_ok=True)
@@ -121,8 +123,8 @@ def test_ui_backfill_beside_the_running_stream_converges_to_the_contract(tmp_pat
             # Every day materialized: the backfill's history and each day a message landed
             # on. The shop's late versions land days after the rest, so the days after the
             # export can have gaps: how many it sold before the backfill ended decides.
-            history = {(FIRST + timedelta(days=n)).isoformat() for n in range(DAYS)}
-            days = len(history | {as_message(p).ingest_date.isoformat() for p in produced})
+            history = set(DayRange.of_days(FIRST, last).day_keys())
+            days = len(history | message_days)
             partitions = f"{dagster.url}/assets/raw/orders?view=partitions"
             open_page(driver, partitions, [f"Materialized ({days})"])
             driver.save_screenshot(str(ARTIFACTS / "stream-partitions.png"))
@@ -176,5 +178,4 @@ def test_ui_backfill_beside_the_running_stream_converges_to_the_contract(tmp_pat
         for r in records
         if r.run_id == "" and r.asset_materialization.metadata["writer"].value == STREAM_WRITER
     }
-    message_days = {as_message(p).ingest_date.isoformat() for p in produced}
     assert streamed == message_days, (streamed, message_days)
