@@ -1,5 +1,6 @@
-"""A newcomer's first hour, as the README tells it: `make demo` with overrides, the CLI without
-an activated venv or DAGSTER_HOME, `make deliver-day` and the live path picking the day up.
+"""A newcomer's first hour, as the README tells it: the CLI without an activated venv or
+DAGSTER_HOME, relative folders, `make deliver-day` and the live path picking the day up, `make
+ui`'s logs and shutdown. The demo itself, with and without the stream, is test_readme.py's.
 
 Real processes (make, `python -m backfill_platform`), real Spark, Delta and Dagster.
 """
@@ -31,7 +32,6 @@ from backfill_platform.sources.generate import deliver_next_day, generate_landin
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform_tests.harness import spark_resource_for_tests
 from backfill_platform_tests.test_automation import Daemon, _instance, _range
-from backfill_platform_tests.test_readme import terminal_lines
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"^log: (\S+\.log)")
@@ -129,72 +129,6 @@ def test_cli_without_dagster_home_uses_the_repositorys_and_logs_to_a_file(tmp_pa
     log = REPO / LOG_LINE.match(first).group(1)
     assert log.parent == REPO / ".dagster_home" / "backfill-logs" and log.is_file()
     assert (REPO / ".dagster_home" / "dagster.yaml").is_file()
-
-
-@pytest.mark.slow
-def test_demo_with_overrides_reconciles_in_under_30_lines(tmp_path, postgres_data):
-    """`make demo` with the Makefile's overrides and the live stream on: the partitions start
-    where the demo's data does and end at the stream's last day, so it reconciles; the log
-    file's path comes first; the broker is started, the shop's messages are streamed into
-    raw and staging and the boundary reconciles. Then the same data with another scale is
-    refused in one line, `make deliver-day` adds the next day and `make ui` would define
-    the partitions up to the stream's last day, with the stream's supervisor on."""
-    env = _env(
-        tmp_path,
-        DAGSTER_HOME=str(tmp_path / "home"),
-        BACKFILL_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
-        POSTGRES_DATA=postgres_data,
-    )
-    demo = ["DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=5", "STREAM=on"]
-    try:
-        _demo_then_refused_then_a_delivered_day(env, demo)
-    finally:
-        stopped = _make(env, "kafka-stop")
-        assert stopped.stdout.startswith("broker from "), stopped.stdout + stopped.stderr
-        stopped = _make(env, "postgres-stop")
-        assert stopped.stdout.strip().endswith(" stopped"), stopped.stdout + stopped.stderr
-
-
-def _demo_then_refused_then_a_delivered_day(env: dict[str, str], demo: list[str]) -> None:
-    result = _make(env, "demo", *demo)
-    lines = terminal_lines(result.stdout + result.stderr)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert len(lines) < 30, "\n".join(lines)
-    # the log file first (set-up, Dagster and Spark), the instance's PostgreSQL server, then
-    # make kafka-start's line
-    log_line, started, broker = result.stdout.splitlines()[:3]
-    assert started.startswith(f"Dagster's instance: PostgreSQL in {env['POSTGRES_DATA']}, started")
-    assert broker.startswith(f"broker at {env['BACKFILL_KAFKA_BOOTSTRAP']}, topic orders")
-    log = Path(LOG_LINE.match(log_line).group(1))
-    assert log.is_file() and log.parent == Path(env["DAGSTER_HOME"]) / "backfill-logs"
-    assert "postgres_url" in (Path(env["DAGSTER_HOME"]) / "dagster.yaml").read_text()
-    assert "RUN_SUCCESS" in log.read_text()  # Dagster's events are in the file ...
-    assert "RUN_SUCCESS" not in result.stdout + result.stderr  # ... and not on the terminal
-    assert "Warning" not in result.stdout + result.stderr
-    assert "marts reconcile with the contract's answer: YES" in result.stdout
-    assert "2 Dagster runs over 3 days" in result.stdout
-    # The stream: three days of the shop from 2024-01-04, every message once in raw.
-    sent = re.search(r"the live shop sent (\d+) messages, 2024-01-04\.\.2024-01-06", result.stdout)
-    assert sent, result.stdout
-    assert f"1 batch(es), {sent[1]} rows" in result.stdout
-    assert "2024-01-03..2024-01-06: every day reconciles" in result.stdout
-    assert f"{sent[1]} messages -> {sent[1]} stream rows (0 missing, 0 extra" in result.stdout
-
-    refused = _make(env, "demo", "DEMO_START=2024-01-01", "DEMO_END=2024-01-03", "ORDERS_PER_DAY=6")
-    assert refused.returncode != 0
-    log_line, refusal = refused.stdout.splitlines()  # the log file's line, then one line
-    assert LOG_LINE.match(log_line), refused.stdout
-    assert refusal.startswith("Refused: ") and "make clean-data" in refusal
-
-    delivered = _make(env, "deliver-day")
-    assert delivered.returncode == 0, delivered.stdout + delivered.stderr
-    assert delivered.stdout.startswith("delivered 2024-01-04 ")
-    ui = _make(env, "-n", "ui")  # without the stream: up to the delivered day
-    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-04" in ui.stdout
-    assert "BACKFILL_STREAM_SUPERVISOR" not in ui.stdout
-    ui = _make(env, "-n", "ui", *demo)
-    assert "BACKFILL_START_DATE=2024-01-01 BACKFILL_END_DATE=2024-01-06" in ui.stdout
-    assert "BACKFILL_STREAM_SUPERVISOR=true BACKFILL_STREAM_CHECK=true" in ui.stdout
 
 
 @pytest.mark.slow

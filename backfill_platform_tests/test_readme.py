@@ -40,6 +40,7 @@ COMMANDS = [
 ]
 DEMO_START, DEMO_END = "2025-01-01", "2025-01-31"
 TRACEBACK = "Traceback (most recent call last)"
+LOG_LINE = re.compile(r"^log: (\S+\.log) ")
 
 
 def readme_commands(text: str) -> list[str]:
@@ -77,14 +78,17 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run(command: str, env: dict[str, str], timeout: float = 900) -> str:
+def _run(command: str, env: dict[str, str], timeout: float = 900, status: int = 0) -> str:
+    """`command`'s standard output, once it exited with `status` (0, or 2 for a refusal make
+    passes on) and printed no traceback, Dagster event or warning."""
     done = subprocess.run(
         ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, timeout=timeout
     )
     # decoded here: text=True would turn a progress bar's carriage returns into newlines
     stdout, output = done.stdout.decode(), (done.stdout + done.stderr).decode()
-    assert done.returncode == 0, f"{command}: exit {done.returncode}\n{output}"
-    assert TRACEBACK not in output, f"{command}\n{output}"
+    assert done.returncode == status, f"{command}: exit {done.returncode}\n{output}"
+    for unwanted in (TRACEBACK, "RUN_SUCCESS", "Warning"):
+        assert unwanted not in output, f"{command}: {unwanted}\n{output}"
     return stdout
 
 
@@ -156,6 +160,10 @@ def test_every_readme_command_runs_as_written(tmp_path):
         first = demo.splitlines()[0]
         assert first.startswith("log: ") and first.endswith("(set-up, Dagster and Spark)")
         assert "marts reconcile with the contract's answer: YES" in demo
+        assert "2 Dagster runs over 31 days" in demo
+        log = Path(LOG_LINE.match(first)[1])  # Dagster's events are in the file, not above
+        assert log.parent == tmp_path / "home" / "backfill-logs"
+        assert "RUN_SUCCESS" in log.read_text()
         # the README's account, line for line in shape (set-up was done by `make test`)
         shown = [line for line in readme_demo_output(README.read_text()) if "set-up:" not in line]
         # (set-up lines show when make's install stamp is older than what it depends on)
@@ -163,14 +171,30 @@ def test_every_readme_command_runs_as_written(tmp_path):
         assert [(line.split() or [""])[0] for line in ran] == [line.split()[0] for line in shown], (
             demo
         )
+        # the same data at another scale is refused in one line, and touches nothing
+        refused = _run("make demo ORDERS_PER_DAY=11", env, status=2).splitlines()
+        assert LOG_LINE.match(refused[0]) and len(refused) == 2, refused
+        assert refused[1].startswith("Refused: ") and "make clean-data" in refused[1], refused
         _ui(commands[2], env)
         delivered = _run(commands[3], env)
         assert delivered.startswith("delivered 2025-02-01 ")
+        ui = _run("make -n ui", env)  # without the stream: up to the delivered day
+        assert "BACKFILL_START_DATE=2025-01-01 BACKFILL_END_DATE=2025-02-01" in ui
+        assert "BACKFILL_STREAM_SUPERVISOR" not in ui
         _ui(commands[4], env)
         streamed = _run(commands[5], env)
         assert "marts reconcile with the contract's answer: YES" in streamed
-        assert "every day reconciles" in streamed
         assert len(terminal_lines(streamed)) < 30
+        assert re.search(r"^broker at 127\.0\.0\.1:\d+, topic orders", streamed, re.MULTILINE)
+        # the shop's messages from the day after the landing zone's, each once in raw
+        sent = re.search(r"the live shop sent (\d+) messages, 2025-02-01\.\.", streamed)
+        assert sent, streamed
+        assert f"1 batch(es), {sent[1]} rows" in streamed
+        assert "2025-01-31..2025-02-03: every day reconciles" in streamed
+        assert f"{sent[1]} messages -> {sent[1]} stream rows (0 missing, 0 extra" in streamed
+        ui = _run("make -n ui STREAM=on", env)  # up to the stream's last day, supervised
+        assert "BACKFILL_START_DATE=2025-01-01 BACKFILL_END_DATE=2025-02-03" in ui
+        assert "BACKFILL_STREAM_SUPERVISOR=true BACKFILL_STREAM_CHECK=true" in ui
 
         def stream_started() -> bool:
             """the stream_supervisor sensor starts the stream"""
