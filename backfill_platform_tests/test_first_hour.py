@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -32,9 +31,9 @@ from backfill_platform.sources.generate import deliver_next_day, generate_landin
 from backfill_platform.tables import RAW_ORDERS
 from backfill_platform_tests.harness import spark_resource_for_tests
 from backfill_platform_tests.test_automation import Daemon, _instance, _range
+from backfill_platform_tests.test_readme import LOG_LINE
 
 REPO = Path(__file__).resolve().parents[1]
-LOG_LINE = re.compile(r"^log: (\S+\.log)")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
