@@ -87,7 +87,7 @@ RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
 .PHONY: postgres-start postgres-stop demo-log
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep bench-jvm s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -256,6 +256,19 @@ bench-stream: install
 BENCH_STREAM_UPKEEP_ARGS ?=
 bench-stream-upkeep: install
 	$(PY) -m benchmarks.stream_upkeep $(BENCH_STREAM_UPKEEP_ARGS)
+
+# A run's own Spark JVM against a long-lived Spark Connect server the runs share: wall and
+# machine CPU seconds per process, the same small Delta work (docs/performance.md, "A JVM per
+# run"; about 3 minutes idle). The Connect client's packages go to .connect-client, apart from
+# the venv: they need a protobuf newer than Dagster accepts.
+CONNECT_CLIENT := .connect-client/.installed
+$(CONNECT_CLIENT): $(INSTALLED)
+	$(call quietly,$(PY) -m pip install --target .connect-client pyarrow==26.0.1 pandas==3.1.1 \
+		grpcio==1.85.3 grpcio-status==1.85.3 googleapis-common-protos==1.76.0 zstandard==0.25.0)
+	touch $@
+BENCH_JVM_ARGS ?=
+bench-jvm: install $(CDS) $(CONNECT_CLIENT)
+	$(PY) -m benchmarks.jvm_per_run $(BENCH_JVM_ARGS)
 
 # The raw parse alone (line reader + contract parser) vs the plain Spark anchor's reader and
 # json_tuple, to the noop sink: about 2 minutes (docs/performance.md).
