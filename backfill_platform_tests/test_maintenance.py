@@ -187,3 +187,30 @@ def test_compaction_gives_way_to_a_writer_holding_the_table(tmp_path, spark):
     assert compactor.close()[-1].files_removed == 3  # the last round, once free
     assert small_files(lake, RAW_ORDERS) == {DAY: 1}
     assert lake.current_version(RAW_ORDERS) == version + 1
+
+
+def test_the_compactor_counts_appends_and_reads_the_log_after_another_writer(tmp_path, spark):
+    """The compactor adds one file per noted append to a day's count; a commit it did not
+    see (here a landing run's replace of the day, one more small file) makes it count the
+    day from the log at the next append, so the day is compacted at the threshold although
+    only four of its five small files came from the stream's appends."""
+    lake = LakehouseResource(root_dir=str(tmp_path / "lake"), spark=spark_resource_for_tests())
+    _append(lake, spark, 0, [DAY])
+    compactor = DayCompactor(lake, RAW_ORDERS, min_files=5)
+    for batch in (1, 2):
+        compactor.note([DAY], _append(lake, spark, batch, [DAY]).version)
+    lake.replace_range(
+        RAW_ORDERS,
+        _landing(spark, DAY, ["l1"]),
+        "ingest_date",
+        date(2024, 1, 10),
+        date(2024, 1, 11),
+        {"dagster_run_id": "landing-run"},
+    )
+    compactor.note([DAY], _append(lake, spark, 3, [DAY]).version)
+    deadline = time.monotonic() + 120
+    while small_files(lake, RAW_ORDERS) != {DAY: 1} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rounds = compactor.close()
+    assert [r.small_files for r in rounds] == [{DAY: 5}], rounds
+    assert small_files(lake, RAW_ORDERS) == {DAY: 1}

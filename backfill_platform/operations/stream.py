@@ -382,7 +382,7 @@ def _start(
         batch = write_batch(lake, messages, batch_id, query_id["app_id"], orders.topic, fold)
         report.batches.append(batch)
         if compactor is not None and batch.delta_version is not None:
-            compactor.note(batch.rows_by_day)
+            compactor.note(batch.rows_by_day, batch.delta_version)
         if on_batch is not None:
             on_batch(batch)
 

@@ -163,9 +163,11 @@ def compact_days(
     days: Iterable[str] | None = None,
     min_files: int = COMPACT_FILES,
     small_bytes: int = SMALL_FILE_BYTES,
+    counted: dict[str, int] | None = None,
 ) -> Compaction | None:
     """OPTIMIZE (bin-packing) the `days` that hold `min_files` small files or more (every
-    such day when `days` is None); None when no day does.
+    such day when `days` is None); None when no day does. `counted`: the days' small files
+    as `small_files` just counted them, not counted again.
 
     Delta's compaction commits with dataChange=false: readers, time travel and the
     idempotent appends' transaction ids (`txnAppId`) see the same rows. It takes the table
@@ -174,7 +176,9 @@ def compact_days(
     store, where no lock orders writers, a lost race is Delta's conflict and gives way the
     same; the writer that commits after it retries as it retries any conflict.
     """
-    found = {d: n for d, n in small_files(lake, key, days, small_bytes).items() if n >= min_files}
+    if counted is None:
+        counted = small_files(lake, key, days, small_bytes)
+    found = {d: n for d, n in counted.items() if n >= min_files}
     if not found:
         return None
     name = key if isinstance(key, str) else key.to_user_string()
@@ -208,8 +212,13 @@ class DayCompactor:
     """Compacts the days a long-lived writer appends to (the stream), on a thread of its own
     so the writer never waits for it beyond one compaction's hold of the table lock.
 
-    `note(days)` after each commit wakes it: it counts those days' small files and compacts
-    the ones at `min_files` (`compact_days`). A round that gave way is tried again after
+    `note(days, version)` after each commit: a commit that follows the last one it knows
+    (`version` = that one + 1) added one file to each of its days, so it adds one to their
+    counts without reading the Delta log; a day that reaches `min_files` that way, or any
+    day after a commit it did not see (another writer, its own compaction, an unknown
+    version), wakes it to count the day's small files from the log and compact it at
+    `min_files` (`compact_days`). So the log's file list is read once per `min_files`
+    batches of a day, not once per batch. A round that gave way is tried again after
     `retry_seconds` or at the next note. It starts with a round over every day of the table,
     so days a previous process left at the threshold are compacted too, and `close()` runs
     the last round. A failed round is logged and its days tried again: upkeep never stops
@@ -228,6 +237,8 @@ class DayCompactor:
         self.retry_seconds, self.on_round = retry_seconds, on_round
         self.rounds: list[Compaction] = []
         self._pending: set[str] = set()
+        self._counts: dict[str, int] = {}  # day -> small files, as last counted plus appends
+        self._version: int | None = None  # the last commit the counts include
         self._every_day = True
         self._closing = False
         self._guard = threading.Lock()
@@ -236,10 +247,22 @@ class DayCompactor:
         self._thread.start()
         self._wake.set()
 
-    def note(self, days: Iterable[str]) -> None:
+    def note(self, days: Iterable[str], version: int | None = None) -> None:
+        """`days` got one file each in commit `version` (None: not known)."""
         with self._guard:
-            self._pending.update(days)
-        self._wake.set()
+            follows = version is not None and self._version is not None
+            follows = follows and version == self._version + 1 and not self._every_day
+            self._version = version if follows else None
+            if not follows:  # a commit not seen between: count the days from the log
+                self._pending.update(days)
+                self._wake.set()
+                return
+            for day in days:
+                self._counts[day] = self._counts.get(day, 0) + 1
+                if self._counts[day] >= self.min_files:
+                    self._pending.add(day)
+            if self._pending:
+                self._wake.set()
 
     def close(self) -> list[Compaction]:
         """The last round over the noted days, then stop; the rounds that did something."""
@@ -271,7 +294,15 @@ class DayCompactor:
     def _round(self, days: list[str] | None) -> bool:
         """One round; whether its days are left to try again."""
         try:
-            done = compact_days(self.lake, self.key, days, self.min_files)
+            version = self.lake.current_version(self.key) if self.lake.exists(self.key) else None
+            counted = small_files(self.lake, self.key, days)
+            with self._guard:
+                if days is None:
+                    self._counts.clear()
+                self._counts.update(dict.fromkeys(days or [], 0) | counted)
+                # the counts hold this version's files; a later note follows it or recounts
+                self._version = version if version is not None and not self._pending else None
+            done = compact_days(self.lake, self.key, days, self.min_files, counted=counted)
         except (Py4JJavaError, AnalysisException, SparkRuntimeException) as error:
             reason = str(error).splitlines()[0][:300]
             LOG.error("compaction of %s %s failed, tried again later: %s", self.key, days, reason)
@@ -280,6 +311,9 @@ class DayCompactor:
             return False
         if done.gave_way is None:
             self.rounds.append(done)
+            with self._guard:  # its own commit: the next note counts from the log again
+                self._version = None
+                self._counts.update(dict.fromkeys(done.days, 1))
         if self.on_round is not None:
             self.on_round(done)
         if done.gave_way is not None:
