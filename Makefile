@@ -259,8 +259,8 @@ bench-stream-upkeep: install
 
 # A run's own Spark JVM against a long-lived Spark Connect server the runs share: wall and
 # machine CPU seconds per process, the same small Delta work (docs/performance.md, "A JVM per
-# run"; about 3 minutes idle). The Connect client's packages go to .connect-client, apart from
-# the venv: they need a protobuf newer than Dagster accepts.
+# run"; about 3 minutes idle). The Connect client's packages (377 MB with pyarrow and pandas)
+# are the benchmark's alone: they go to .connect-client, not to the product's venv.
 CONNECT_CLIENT := .connect-client/.installed
 $(CONNECT_CLIENT): $(INSTALLED)
 	$(call quietly,$(PY) -m pip install --target .connect-client pyarrow==26.0.1 pandas==3.1.1 \

@@ -40,7 +40,7 @@ from benchmarks.measure import load_average
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 # The Connect client's own packages (pyspark's `connect` extra), installed by `make bench-jvm`
-# apart from the venv: they pin protobuf above what Dagster accepts.
+# apart from the venv: the product needs none of them (377 MB with pyarrow and pandas).
 CLIENT_LIBS = REPO / ".connect-client"
 DAYS = ("2024-01-01", "2024-01-02", "2024-01-03")
 
