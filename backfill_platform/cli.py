@@ -91,6 +91,7 @@ from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
+from backfill_platform.operations.mart_fold import MartsFold
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
 from backfill_platform.operations.replay import (
     REPLAY_TAG,
@@ -133,6 +134,8 @@ from backfill_platform.runner import (
 from backfill_platform.settings import (
     SHADOW_RETENTION_HOURS,
     STREAM_COMPACT_FILES,
+    STREAM_MARTS,
+    STREAM_MARTS_DAYS,
     STREAM_STAGING,
     SettingError,
     bool_setting,
@@ -140,6 +143,8 @@ from backfill_platform.settings import (
     setting,
 )
 from backfill_platform.tables import (
+    CUSTOMER_LTV,
+    FCT_DAILY_REVENUE,
     STAGING_ORDERS,
     STAGING_REJECTS,
     TABLE_NAMES,
@@ -786,15 +791,25 @@ def _replay(session: Session, args) -> Outcome:
 
 def staging_fold(instance: DagsterInstance) -> StagingFold | None:
     """BACKFILL_STREAM_STAGING: the stream stages its batches itself, except the days a
-    freeze holds on staging (the live path leaves a frozen range alone)."""
+    freeze holds on staging (the live path leaves a frozen range alone); with
+    BACKFILL_STREAM_MARTS it folds them on into the marts, except the days frozen there."""
     if not bool_setting(STREAM_STAGING):
         return None
 
-    def frozen(days: list[str]) -> set[str]:
-        held = frozen_days(instance, [STAGING_ORDERS, STAGING_REJECTS], DayRange(days[0], days[-1]))
-        return set(held) & set(days)
+    def frozen_on(keys: list[AssetKey]) -> Callable[[list[str]], set[str]]:
+        def frozen(days: list[str]) -> set[str]:
+            held = frozen_days(instance, keys, DayRange(min(days), max(days)))
+            return set(held) & set(days)
 
-    return StagingFold(frozen=frozen)
+        return frozen
+
+    marts = None
+    if bool_setting(STREAM_MARTS):
+        marts = MartsFold(
+            frozen=frozen_on([FCT_DAILY_REVENUE, CUSTOMER_LTV]),
+            max_days=int_setting(STREAM_MARTS_DAYS),
+        )
+    return StagingFold(frozen=frozen_on([STAGING_ORDERS, STAGING_REJECTS]), marts=marts)
 
 
 def stream_compact_files() -> int:

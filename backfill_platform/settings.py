@@ -81,6 +81,10 @@ STREAM_FRESHNESS_SECONDS = EnvVar("BACKFILL_STREAM_FRESHNESS_SECONDS")
 STREAM_COMPACT_FILES = EnvVar("BACKFILL_STREAM_COMPACT_FILES")
 # true: the stream folds each batch into staging/orders itself (seconds, not a window run).
 STREAM_STAGING = EnvVar("BACKFILL_STREAM_STAGING")
+# true (with STREAM_STAGING): the stream folds the staged days on into the two marts.
+STREAM_MARTS = EnvVar("BACKFILL_STREAM_MARTS")
+# The longest LTV roll-forward (snapshots) one batch's fold rebuilds.
+STREAM_MARTS_DAYS = EnvVar("BACKFILL_STREAM_MARTS_DAYS")
 # true: raw/orders carries the stream_offsets_once check, which asks the broker in every run.
 STREAM_CHECK = EnvVar("BACKFILL_STREAM_CHECK")
 # true: the stream_supervisor sensor is on by default (a deployment that runs the stream).
@@ -338,6 +342,19 @@ SETTINGS: tuple[Setting, ...] = (
         "false",
         "`true`: the stream folds each batch into `staging/orders` and its rejects itself "
         "(skipping days a freeze holds), instead of leaving staging to the rolling window",
+    ),
+    Setting(
+        "BACKFILL_STREAM_MARTS",
+        "false",
+        "`true` (with `BACKFILL_STREAM_STAGING`): the stream folds the staged days on into "
+        "`marts/fct_daily_revenue` and `marts/customer_ltv`, with their checks, within the "
+        "batch (docs/live-stream.md)",
+    ),
+    Setting(
+        "BACKFILL_STREAM_MARTS_DAYS",
+        "7",
+        "the most LTV snapshots one batch's fold rebuilds: an order later than that leaves "
+        "its roll-forward to the rolling window and the staleness sensor",
     ),
     Setting(
         "BACKFILL_STREAM_CHECK",

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.assets.staging import staging_frames, staging_reasons
+from backfill_platform.operations.mart_fold import MartsFold, MartsFolded, fold_into_marts
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.kafka import (
@@ -56,9 +57,11 @@ FrozenDays = Callable[[list[str]], set[str]]
 class StagingFold:
     """Fold each committed batch into staging/orders and staging/orders_rejects
     (BACKFILL_STREAM_STAGING): the orders a batch touched are staged within the batch,
-    not by the next rolling-window run. `frozen` names the days a freeze holds."""
+    not by the next rolling-window run. `frozen` names the days a freeze holds; `marts`
+    folds the staged days on into the marts (BACKFILL_STREAM_MARTS, operations/mart_fold.py)."""
 
     frozen: FrozenDays | None = None
+    marts: MartsFold | None = None
 
 
 def checkpoint_location(lake: LakehouseResource) -> str:
@@ -80,6 +83,8 @@ class BatchReport:
     staged: dict[str, dict[str, int]] = field(default_factory=dict)
     held_by_freeze: list[str] = field(default_factory=list)
     staging_seconds: float = 0.0
+    # Folded on into the marts (its tables and days are in `staged` too): None if not.
+    marts: MartsFolded | None = None
 
     @property
     def ingest_dates(self) -> list[str]:
@@ -100,6 +105,8 @@ class BatchReport:
             staged = f"; staged event days {','.join(days) or '-'} ({self.staging_seconds:.1f} s)"
         if self.held_by_freeze:
             staged += f"; frozen, left to the window: {','.join(self.held_by_freeze)}"
+        if self.marts is not None:
+            staged += f"; {self.marts.describe()}"
         return (
             f"batch {self.batch_id}: {self.rows} rows, {self.rejects} rejects, "
             f"offsets {spans or '-'}, ingest days {','.join(self.ingest_dates) or '-'}: "
@@ -191,7 +198,7 @@ def write_batch(
         days = sorted(rows_by_day)
         count = sum(rows_by_day.values())
         rejects = sum(r["rejects"] for r in groups)
-        version, folded = None, None
+        version, folded, marts = None, None, None
         if count:
             commit = lake.append_once(
                 RAW_ORDERS,
@@ -227,6 +234,9 @@ def write_batch(
             folded = fold_into_staging(
                 lake, raw_version, event_days, reject_days, fold.frozen, known
             )
+            staged_days = sorted(folded[0].get(STAGING_ORDERS.to_user_string(), {}))
+            if fold.marts is not None and staged_days:
+                marts = fold_into_marts(lake, staged_days, fold.marts, STREAM_WRITER)
     finally:
         rows.unpersist()
     report = BatchReport(
@@ -234,7 +244,11 @@ def write_batch(
     )
     if folded is not None:
         staged, held, seconds = folded
-        report = replace(report, staged=staged, held_by_freeze=held, staging_seconds=seconds)
+        if marts is not None:
+            staged = {**staged, **marts.written}
+        report = replace(
+            report, staged=staged, held_by_freeze=held, staging_seconds=seconds, marts=marts
+        )
     return report
 
 

@@ -1,7 +1,8 @@
 """What Dagster's instance learns of the stream (contract 1.4): its commits as runless
-materializations of the partitions they wrote (raw/orders' ingest days, and the staging
-days a fold rebuilt), coalesced so that a stream running for months writes a bounded
-number of events, and the days past the last partition, held until they are partitions.
+materializations of the partitions they wrote (raw/orders' ingest days, and the staging and
+mart days a fold rebuilt, each mart day followed by its checks' evaluations), coalesced so
+that a stream running for months writes a bounded number of events, and the days past the
+last partition, held until they are partitions.
 
 **Coalescing.** Dagster has no streaming runs, and a materialization per batch is up to
 17,280 events a day per partition at a 5 s trigger. `StreamReporter` reports a partition
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetKey,
     AssetMaterialization,
     AssetObservation,
@@ -80,6 +82,8 @@ class DayReport:
     delta_version: int  # the newest commit's
     rows: int = 0  # raw/orders: the rows the batches wrote to the day
     offsets: dict[int, tuple[int, int]] = field(default_factory=dict)  # raw: partition -> span
+    # A mart the fold rebuilt: its checks' newest evaluations of the day, by check name.
+    checks: dict[str, AssetCheckEvaluation] = field(default_factory=dict)
 
     def then(self, later: DayReport) -> DayReport:
         """This report and a later batch's, as one."""
@@ -94,6 +98,7 @@ class DayReport:
             delta_version=max(self.delta_version, later.delta_version),
             rows=self.rows + later.rows,
             offsets=spans,
+            checks={**self.checks, **later.checks},
         )
 
 
@@ -101,8 +106,13 @@ def day_reports(batch: BatchReport) -> list[DayReport]:
     """One report per partition `batch` committed (days past the partitions included); none
     for raw/orders when Delta skipped the batch as a replay (it wrote nothing there)."""
     one = {"first_batch": batch.batch_id, "last_batch": batch.batch_id, "batches": 1}
+    checks: dict[tuple[str, str], dict[str, AssetCheckEvaluation]] = {}
+    for outcome in batch.marts.outcomes if batch.marts else []:
+        for evaluation in outcome.evaluations(blocking=True):
+            where = (outcome.asset_key.to_user_string(), evaluation.partition)
+            checks.setdefault(where, {})[outcome.check_name] = evaluation
     found = [
-        DayReport(name, day, delta_version=version, **one)
+        DayReport(name, day, delta_version=version, checks=checks.get((name, day), {}), **one)
         for name, versions in sorted(batch.staged.items())
         for day, version in sorted(versions.items())
     ]
@@ -149,6 +159,8 @@ def report_days(instance: DagsterInstance, topic: str, reports: list[DayReport])
                 metadata=metadata,
             )
         )
+        for evaluation in r.checks.values():  # after it: they verify this materialization
+            instance.report_runless_asset_event(evaluation)
 
 
 def report_batch(instance: DagsterInstance, topic: str, batch: BatchReport) -> list[str]:
