@@ -55,7 +55,7 @@ MALFORMED: list[tuple[str | bytes, str]] = [
 STAGING = (STAGING_ORDERS, STAGING_REJECTS)
 MARTS = (FCT_DAILY_REVENUE, CUSTOMER_LTV)
 WRITTEN_AT = "_loaded_at"  # when a writer wrote the row: the one column the paths differ in
-EXAMPLES = 3  # each: a landing run, a topic caught up with its folds, a staging and marts run
+EXAMPLES = 2  # each: a landing run, a topic caught up with its folds, a staging and marts run
 _topic_names = itertools.count()
 
 
