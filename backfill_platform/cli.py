@@ -91,7 +91,7 @@ from backfill_platform.operations.cutover import CutoverRefused, cutover
 from backfill_platform.operations.decommission import DecommissionRefused, decommission
 from backfill_platform.operations.history import partition_history
 from backfill_platform.operations.launchpad import PLAN_MARKER, preflight_plan_job
-from backfill_platform.operations.mart_fold import MartsFold
+from backfill_platform.operations.mart_fold import FrozenDays, MartsFold
 from backfill_platform.operations.rebuild import as_dicts, rebuild_downstream, rebuild_runs
 from backfill_platform.operations.replay import (
     REPLAY_TAG,
@@ -796,7 +796,7 @@ def staging_fold(instance: DagsterInstance) -> StagingFold | None:
     if not bool_setting(STREAM_STAGING):
         return None
 
-    def frozen_on(keys: list[AssetKey]) -> Callable[[list[str]], set[str]]:
+    def frozen_on(keys: list[AssetKey]) -> FrozenDays:
         def frozen(days: list[str]) -> set[str]:
             held = frozen_days(instance, keys, DayRange(min(days), max(days)))
             return set(held) & set(days)

@@ -50,7 +50,8 @@ from backfill_platform.transforms.revenue import customer_ltv, daily_revenue
 
 MARTS_DAYS = 7  # the longest LTV roll-forward a batch folds (BACKFILL_STREAM_MARTS_DAYS)
 ONE_DAY = timedelta(days=1)
-# The days of a batch an active freeze holds on the marts, from the caller.
+# The days of a batch an active freeze holds (a fold skips them), from the caller: the
+# staging fold's and the marts' own, each for its tables.
 FrozenDays = Callable[[list[str]], set[str]]
 
 
@@ -145,7 +146,8 @@ def _fold_ltv(
         return
     first = date.fromisoformat(days[0])
     with done.timing("ltv_find_newest"):
-        newest = _newest_snapshot(lake, first, fold.max_days)
+        built = _built_snapshots(lake, first, fold.max_days)
+    newest = max(built, default=None)
     last = max(date.fromisoformat(days[-1]), newest or first)
     if newest is not None and newest + ONE_DAY < first:
         first = newest + ONE_DAY
@@ -163,7 +165,7 @@ def _fold_ltv(
     before = span.start - ONE_DAY
     base = None  # none before the first partition
     if span.first != daily_partitions.get_first_partition_key():
-        if not lake.covers(CUSTOMER_LTV, before):
+        if before not in built:  # `built` starts before it: the span starts after `lowest`
             done.left.append(f"LTV {span}: no snapshot of {before}")
             return
         base = lake.read_partitions(CUSTOMER_LTV, before, span.start)
@@ -179,13 +181,14 @@ def _fold_ltv(
         done.outcomes.append(ltv_vs_previous_day(lake, span)[0])
 
 
-def _newest_snapshot(lake: LakehouseResource, first: date, max_days: int) -> date | None:
-    """The newest LTV partition built, from the commits' stamped ranges (a day with no
-    customer yet has no row), looked for from `max_days` before `first` on."""
+def _built_snapshots(lake: LakehouseResource, first: date, max_days: int) -> set[date]:
+    """The LTV partitions built from `max_days` before `first` on, from the commits' stamped
+    ranges (a day with no customer yet has no row): one read of the log answers both the
+    newest snapshot and whether the one before the span exists."""
     bounds = [daily_partitions.get_first_partition_key(), daily_partitions.get_last_partition_key()]
     lowest = max(first - max_days * ONE_DAY, date.fromisoformat(bounds[0]))
     candidates = DayRange.of_days(lowest, date.fromisoformat(bounds[1])).days()
-    return max(lake.covered_days(CUSTOMER_LTV, candidates), default=None)
+    return lake.covered_days(CUSTOMER_LTV, candidates)
 
 
 def _replace(

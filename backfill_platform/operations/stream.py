@@ -25,7 +25,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from backfill_platform.assets.staging import staging_frames, staging_reasons
-from backfill_platform.operations.mart_fold import MartsFold, MartsFolded, fold_into_marts
+from backfill_platform.operations.mart_fold import (
+    FrozenDays,
+    MartsFold,
+    MartsFolded,
+    fold_into_marts,
+)
 from backfill_platform.ranges import ranges_of
 from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.resources.kafka import (
@@ -49,8 +54,6 @@ from backfill_platform.transforms.messages import parse_messages
 
 STREAM_WRITER = "stream"  # commit metadata `writer` of the stream's commits
 STOP_GRACE_SECONDS = 90  # how long a stopping stream waits for its batch in flight
-# The days of a batch an active freeze holds (folding skips them), from the caller.
-FrozenDays = Callable[[list[str]], set[str]]
 
 
 @dataclass(frozen=True)
