@@ -44,8 +44,14 @@ TOPIC = "orders"
 FIRST = date(2024, 1, 1)
 DAYS, PER_DAY, SEED = 6, 10, 23
 # The shop: more orders than it can sell before the backfill ends (it stops selling then),
-# at 40 a day, so the stream's days stay few.
-SHOP_ORDERS, SHOP_PER_DAY, BEFORE = 300, 40, 8
+# at 50 a day, so the stream's days stay few and its last event day (launch + 6 days) stays
+# within transforms/fx.REACH_DAYS of the last rate, however long the backfill takes: at 40 a
+# day a slow backfill let it sell into a day no rate covers, and the fold refused that day.
+SHOP_ORDERS, SHOP_PER_DAY, BEFORE = 300, 50, 8
+# The stream's trigger: a micro-batch of a few messages costs its JVM about 4 CPU-s, so at
+# 1 s the stream took a core from the backfill beside it; every 10 s it still commits many
+# times during the backfill's runs, which is what the test asserts.
+TRIGGER_SECONDS = "10"
 
 RUN_TIMES = """
 query ($ids: [String!]) {
@@ -92,7 +98,7 @@ def test_ui_backfill_beside_the_running_stream_converges_to_the_contract(tmp_pat
     try:
         # History is loaded into a stream that is live: it holds what the shop sold so far.
         produced = produce(broker.bootstrap, TOPIC, overlap + shop[:BEFORE])
-        started, _ = run_cli(deployment, "stream", "start", "--trigger-seconds", "1")
+        started, _ = run_cli(deployment, "stream", "start", "--trigger-seconds", TRIGGER_SECONDS)
         assert started.returncode == 0, started.stdout + started.stderr
         wait_for_offsets(lake, TOPIC, len(produced), process)
 
