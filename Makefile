@@ -217,7 +217,7 @@ test-fast: install $(CDS)
 reliability: install s3-deps $(CDS)
 	RELIABILITY_SIZE=$(RELIABILITY_SIZE) $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		--timeout=$(if $(filter small,$(RELIABILITY_SIZE)),1500,3600) \
-		-n $(TEST_WORKERS) --dist loadfile -m "reliability or bench" \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "reliability or bench" \
 		backfill_platform_tests/reliability backfill_platform_tests/test_bench.py
 	$(PY) -m backfill_platform_tests.reliability.report
 

@@ -27,42 +27,45 @@ from backfill_platform_tests.harness import Platform, spark_resource_for_tests
 
 # pytest-xdist hands out test files (`make e2e`: deployment groups) one per worker to
 # start, then one as a worker is about to free up. By default it orders them by their number
-# of tests; `make test` and `make e2e` pass --no-loadscope-reorder so they go in this order
-# instead, the longest first, and the short files fill the end. With xdist's order
-# `make test` ended on test_bench.py alone while the other worker sat idle for 87 s
-# (2026-11-29: 754 s); e2e groups mostly wait on services, so a long one started last would
-# run alone. `make reliability` keeps xdist's order (this one breaks its ties). Seconds per
-# file from `make test`'s two workers on 2026-11-29 and CI's --durations;
-# `test_cli_deployment.py` stands for the e2e files that share one deployment. Files not
-# named here (a few seconds each) follow in name order.
+# of tests; `make test`, `make reliability` and `make e2e` pass --no-loadscope-reorder so they
+# go in this order instead, the longest first, and the short files fill the end: a long file
+# handed out last runs alone while the other worker sits idle (`make test` ended on
+# test_bench.py alone for 87 s on 2026-11-29; `make reliability` in xdist's order handed out
+# its 316 s stream-beside-a-backfill trial among the last). Seconds per file (per phase, only
+# the order within a phase matters) from a clean-clone CI run's --durations on 2026-12-03;
+# `test_cli_deployment.py` stands for the e2e files that share one deployment, the largest
+# group, so it goes first. Files not named here (well under a minute each) follow in name
+# order.
 LONGEST_FIRST = (
-    "test_service_faults.py",  # reliability ~570 s
-    "test_cli_deployment.py",  # e2e shared deployment ~520 s
-    "test_ui_journey.py",  # e2e ~305 s
-    "test_stream_deployed_backfill.py",  # e2e ~280 s
-    "test_stale_repair_deployed.py",  # e2e: a deployment, 5 runs, 5 CLI processes
-    "test_live_backfill.py",  # reliability 261 s
-    "test_bench.py",  # `make reliability` (marked bench) ~150 s
-    "test_readme.py",  # 305 s, the README's commands one after the other (2026-12-02)
-    "test_crm.py",  # 204 s
-    "test_stream.py",  # 161 s
-    "test_operations.py",  # 154 s
-    # Not yet timed idle: 372 s at load 4-6 on 2026-12-02, 343 CPU-s (test_stream.py: 523).
-    "test_stream_fold.py",  # ~150 s
-    "test_object_storage.py",  # e2e ~200 s
-    "test_stream_kill.py",  # reliability ~180 s
-    "test_first_hour.py",  # 129 s
-    "test_kill.py",  # reliability ~150 s
-    "test_platform.py",  # 104 s
-    "test_correction_playbook.py",  # reliability 132 s
-    "test_checks.py",  # 94 s
-    "test_storage_faults.py",  # reliability ~120 s
-    "test_stream_backfill.py",  # reliability ~110 s
-    "test_automation.py",  # 81 s
+    "test_service_faults.py",  # reliability 662 s (3 trials)
+    "test_cli_deployment.py",  # e2e shared deployment ~1,300 s with the scaled-out one
+    "test_stream_deployed_backfill.py",  # e2e 549 s
+    "test_stream.py",  # ~500 s
+    "test_ui_journey.py",  # e2e 475 s
+    "test_readme.py",  # 443 s, the README's commands one after the other
+    "test_bench.py",  # `make reliability` (marked bench) 415 s
+    "test_stale_repair_deployed.py",  # e2e 412 s
+    "test_live_backfill.py",  # reliability 340 s
+    "test_stream_backfill.py",  # reliability 316 s
+    "test_stream_kill.py",  # reliability 266 s
+    "test_crm.py",  # ~250 s
+    "test_object_storage.py",  # e2e ~250 s
+    "test_operations.py",  # ~240 s
+    "test_kill.py",  # reliability 222 s
+    "test_correction_playbook.py",  # reliability 222 s
+    "test_stream_fold.py",  # 202 s
+    "test_storage_faults.py",  # reliability ~180 s
+    "test_first_hour.py",  # ~130 s
+    "test_contract_answer.py",  # 106 s
+    "test_platform.py",  # ~100 s
+    "test_hostile.py",  # reliability ~95 s
+    "test_automation.py",  # 84 s
+    "test_properties.py",  # reliability ~80 s
     "test_lakehouse.py",  # 78 s
+    "test_concurrency.py",  # reliability 76 s
     "test_operator_input.py",  # 73 s
-    "test_contract_answer.py",  # 58 s
-    "test_hostile.py",  # reliability ~70 s
+    "test_checks.py",  # ~70 s
+    "test_hostile_operations.py",  # reliability ~70 s
 )
 
 
