@@ -43,7 +43,7 @@ LONGEST_FIRST = (
     "test_stream.py",  # ~500 s
     "test_ui_journey.py",  # e2e 475 s
     "test_readme.py",  # 443 s, the README's commands one after the other
-    "test_bench.py",  # `make reliability` (marked bench) 415 s
+    "test_bench.py",  # `make bench-smoke` (marked bench) 415 s
     "test_stale_repair_deployed.py",  # e2e 412 s
     "test_live_backfill.py",  # reliability 340 s
     "test_stream_backfill.py",  # reliability 316 s

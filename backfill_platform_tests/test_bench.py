@@ -10,8 +10,8 @@ import pytest
 
 from benchmarks import bench, dagster_events, large
 
-# The benchmark's own tests, not the platform's core: `make reliability` runs them (CI too),
-# so `make test` stays the newcomer's run of the core, within 12 minutes.
+# The benchmark's own tests, not the platform's core: `make bench-smoke` runs them, so `make
+# test` stays the newcomer's run of the core (docs/testing.md says why CI leaves them out).
 pytestmark = pytest.mark.bench
 
 
