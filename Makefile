@@ -225,8 +225,8 @@ reliability: install s3-deps $(CDS)
 # check their own equalities and write valid JSON. The benchmark's tests, not the product's:
 # CI leaves them out (docs/reliability.md, "CI time").
 bench-smoke: install $(CDS)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 --timeout=1500 \
-		-n $(TEST_WORKERS) --dist loadfile -m bench backfill_platform_tests/test_bench.py
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 --timeout=1500 -m bench \
+		backfill_platform_tests/test_bench.py
 
 # customer_ltv's skew mitigation vs a naive shuffle on generated data (docs/checks.md).
 bench-skew: install
