@@ -109,7 +109,7 @@ from backfill_platform.operations.stream import (
     run_stream,
     stream_status,
 )
-from backfill_platform.operations.stream_events import StreamReporter
+from backfill_platform.operations.stream_events import StreamReporter, report_seconds
 from backfill_platform.operations.validate import ValidationRefused, validate_shadow
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources.kafka import TopicUnavailable, orders_topic_from_settings
@@ -808,6 +808,7 @@ def staging_fold(instance: DagsterInstance) -> StagingFold | None:
         marts = MartsFold(
             frozen=frozen_on([FCT_DAILY_REVENUE, CUSTOMER_LTV]),
             max_days=int_setting(STREAM_MARTS_DAYS),
+            check_seconds=report_seconds(),  # as often as Dagster hears of each mart day
         )
     return StagingFold(frozen=frozen_on([STAGING_ORDERS, STAGING_REJECTS]), marts=marts)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetMaterialization,
     AssetRecordsFilter,
@@ -36,8 +37,10 @@ from backfill_platform import cli
 from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
 from backfill_platform.checks.reconciliation import raw_vs_landing, staging_vs_raw, versions_of_run
+from backfill_platform.checks.results import CheckOutcome, PartitionResult
 from backfill_platform.checks.stream import stream_vs_topic
 from backfill_platform.definitions import build_resources
+from backfill_platform.operations.mart_fold import MartsFolded
 from backfill_platform.operations.replay import plan_replay, replay
 from backfill_platform.operations.stream import (
     BatchReport,
@@ -1056,6 +1059,45 @@ def test_the_stream_reports_each_partition_at_most_once_per_interval():
             len(staged) <= bound
             and staged[0].asset_materialization.metadata["delta_version"].value == 139
         )  # newest first
+
+
+def test_checks_of_days_folded_before_are_reported_alone_and_only_for_the_newest_commit():
+    """The marts' checks wait for their interval (`MartsFold.check_seconds`), so a batch can
+    carry evaluations of days an earlier batch folded: they are reported as evaluations
+    alone (no second materialization), and a later commit of the day drops the evaluation
+    still pending before it (it verified the day before that commit)."""
+    fct, day, other = "marts/fct_daily_revenue", "2024-01-10", "2024-01-11"
+
+    def outcome(*days: str) -> CheckOutcome:
+        results = [PartitionResult(d, 1, 1, True) for d in days]
+        return CheckOutcome("matches_staging_orders", AssetKey.from_user_string(fct), results)
+
+    def batch(batch_id: int, written: dict[str, int], checked: tuple[str, ...]) -> BatchReport:
+        folded = MartsFolded(written={fct: written} if written else {})
+        folded.outcomes = [outcome(*checked)] if checked else []
+        staged = {fct: written} if written else {}
+        return BatchReport(batch_id, 0, 0, {}, {}, None, 0.1, staged=staged, marts=folded)
+
+    with DagsterInstance.ephemeral() as instance:
+        with StreamReporter(instance, None, TOPIC, interval_seconds=600) as reporter:
+            reporter(batch(0, {day: 5}, (day,)))  # folded and checked: both reported at once
+            reporter(batch(1, {other: 6}, ()))  # folded, its check waits
+            reporter(batch(2, {}, (other,)))  # the check of batch 1's day, from a later batch
+            reporter(batch(3, {day: 7}, ()))  # the day again, not checked yet
+            reporter(batch(4, {}, (day,)))  # its check, which verifies version 7
+            reporter(batch(5, {day: 8}, ()))  # a newer commit: that check is stale
+        checks = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(AssetKey.from_user_string(fct), "matches_staging_orders"), limit=10
+        )
+        materialized = instance.fetch_materializations(AssetKey.from_user_string(fct), 10)
+    versions = {
+        (r.asset_materialization.partition, r.asset_materialization.metadata["delta_version"].value)
+        for r in materialized.records
+    }
+    # day: batch 0's, then batches 3 and 5 as one (at the stop); other: batch 1's
+    assert versions == {(day, 5), (day, 8), (other, 6)} and reporter.reported == 3
+    # day's check of batch 0, other's of batch 2; batch 4's was superseded by batch 5's commit
+    assert sorted(c.partition for c in checks) == [day, other], checks
 
 
 def test_a_stream_of_small_batches_keeps_raw_files_and_events_bounded(broker, spark, tmp_path):

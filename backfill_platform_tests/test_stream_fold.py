@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from backfill_platform.operations.mart_fold import MartsFold
+from backfill_platform.operations.mart_fold import MartsFold, fold_into_marts
 from backfill_platform.operations.stream import StagingFold, catch_up
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.resources.kafka import OrdersTopicResource
@@ -246,12 +246,26 @@ def test_the_fold_stages_and_marts_what_the_runs_build(broker, tmp_path_factory,
     orders = OrdersTopicResource(
         bootstrap_servers=broker.bootstrap, topic=name, max_offsets_per_batch=topic.batch_size
     )
-    # every LTV snapshot a late order changes (three weeks) is folded within its batch
-    report = catch_up(lake, orders, fold=StagingFold(marts=MartsFold(max_days=31)))
+    # Every LTV snapshot a late order changes (three weeks) is folded within its batch; the
+    # checks wait for their interval (an hour here: the first batch's days are checked with
+    # it, the later batches' when the catch-up ends).
+    marts_fold = MartsFold(max_days=31, check_seconds=3600)
+    report = catch_up(lake, orders, fold=StagingFold(marts=marts_fold))
     assert report.rows == len(produced)
     folds = [b.marts for b in report.batches if b.marts is not None]
     assert folds and not any(f.left for f in folds), [f.describe() for f in folds]
-    assert all(not o.failed for f in folds for o in f.outcomes), [f.describe() for f in folds]
+    checked = [*folds, *([report.final_checks.marts] if report.final_checks else [])]
+    assert all(not o.failed for f in checked for o in f.outcomes), [f.describe() for f in folds]
+    # each folded mart day is checked with or after the last batch that folded it
+    last_fold = {(k, d): i for i, f in enumerate(folds) for k, v in f.written.items() for d in v}
+    last_check = {
+        (o.asset_key.to_user_string(), r.partition): i
+        for i, f in enumerate(checked)
+        for o in f.outcomes
+        for r in o.results
+    }
+    late = {k: i for k, i in last_fold.items() if last_check.get(k, -1) < i}
+    assert not late and not marts_fold.unchecked.days, late
     folded = {key: _rows(lake, key) for key in (*STAGING, *MARTS)}
 
     platform.materialize(*SPAN, selection=[k.to_user_string() for k in (*STAGING, *MARTS)])
@@ -272,3 +286,13 @@ def test_the_fold_stages_and_marts_what_the_runs_build(broker, tmp_path_factory,
         if r["kafka_topic"] == name
     }
     assert rejects == {(p.partition, p.offset): p.message.kind for p in produced if p.message.kind}
+
+    # A freeze on the marts holds the fold away from its days: nothing written, each mart's
+    # days named as left to the window.
+    marts_at = [lake.current_version(key) for key in MARTS]
+    changed = sorted(
+        {b for batch in report.batches for b in batch.staged.get("staging/orders", [])}
+    )
+    held = fold_into_marts(lake, changed, MartsFold(frozen=lambda days: set(days)), "stream")
+    assert held.written == {} and held.left[-1].startswith("LTV from "), held.describe()
+    assert [lake.current_version(key) for key in MARTS] == marts_at

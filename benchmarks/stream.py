@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-marts", action="store_true", help="the live phases fold into staging only"
     )
+    parser.add_argument(
+        "--check-every-batch",
+        action="store_true",
+        help="the marts' checks with every batch (default: once per report interval, as the "
+        "stream does)",
+    )
     args = parser.parse_args(argv)
     # The day before the launch starts the partitions here (before the package loads them):
     # LTV's first snapshot then needs no day before it.
@@ -59,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from backfill_platform.operations.mart_fold import MartsFold
     from backfill_platform.operations.stream import StagingFold, catch_up
+    from backfill_platform.operations.stream_events import report_seconds
     from backfill_platform.resources.kafka import OrdersTopicResource
     from backfill_platform.sources.kafka_broker import kafka_broker
     from backfill_platform.sources.producer import produce, shop_events
@@ -77,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     downstream += ["marts/fct_daily_revenue", "marts/customer_ltv"]
     platform.materialize(days[0], days[0], selection=downstream)
     fold = StagingFold()
-    live = fold if args.no_marts else StagingFold(marts=MartsFold())
+    checks = 0.0 if args.check_every_batch else report_seconds()
+    live = fold if args.no_marts else StagingFold(marts=MartsFold(check_seconds=checks))
     result: dict = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "args": vars(args)}
     with kafka_broker(work / "kafka", TOPIC, partitions=args.partitions) as broker:
         orders = OrdersTopicResource(bootstrap_servers=broker.bootstrap, topic=TOPIC)
@@ -212,6 +220,10 @@ def _steady(lake, orders, fold, args, first_order: int, per_day: int) -> dict:
 
     def on_batch(batch) -> None:
         now = time.monotonic()
+        if batch.checks_only:  # the checks left when the query stopped: no batch
+            for part, seconds in batch.marts.parts.items():
+                parts.setdefault(part, []).append(seconds)
+            return
         batches.append(batch.seconds)
         if batch.marts is not None:
             marts.append(batch.marts.seconds)

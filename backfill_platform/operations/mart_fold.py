@@ -17,6 +17,11 @@ window and the staleness sensor, and says so in the batch's line:
 - days past the last partition (no run can target them yet).
 The segment mart is not folded: its CRM calls stay with the runs and their share of the
 limit.
+
+The marts' check equations are evaluated over the days folded since their last evaluation,
+at most once per `MartsFold.check_seconds` (the stream's report interval: as often as
+Dagster hears of each mart day) and for whatever is left when the query ends
+(`check_folded_days`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, timedelta
+from itertools import groupby
 
 from dagster import AssetKey
 from pyspark.sql import DataFrame
@@ -55,13 +61,27 @@ ONE_DAY = timedelta(days=1)
 FrozenDays = Callable[[list[str]], set[str]]
 
 
+@dataclass
+class UncheckedDays:
+    """The marts' days folded since their checks were last evaluated, and when that was."""
+
+    days: dict[AssetKey, set[str]] = field(default_factory=dict)
+    checked_at: float | None = None  # time.monotonic() of the last evaluation
+
+    def due(self, every: float) -> bool:
+        return self.checked_at is None or time.monotonic() - self.checked_at >= every
+
+
 @dataclass(frozen=True)
 class MartsFold:
     """Fold each staged batch into the two marts; `frozen` names the days a freeze holds,
-    `max_days` bounds the LTV snapshots one batch rebuilds."""
+    `max_days` bounds the LTV snapshots one batch rebuilds, `check_seconds` how often the
+    folded days' checks are evaluated (0: with every batch; see `check_folded_days`)."""
 
     frozen: FrozenDays | None = None
     max_days: int = MARTS_DAYS
+    check_seconds: float = 0.0
+    unchecked: UncheckedDays = field(default_factory=UncheckedDays, compare=False)
 
 
 @dataclass
@@ -108,18 +128,47 @@ def fold_into_marts(
     days = in_partitions(staged_days)
     if len(days) < len(set(staged_days)):
         done.left.append(f"{_span(sorted(set(staged_days) - set(days)))} not partitions yet")
-    frozen = fold.frozen(days) if fold.frozen and days else set()
-    if frozen:
-        done.left.append(f"{_span(sorted(frozen))} frozen")
     try:
-        _fold_revenue(lake, [d for d in days if d not in frozen], writer, done)
-        _fold_ltv(lake, days, fold, writer, done)
+        if days:
+            with done.timing("ltv_find_newest"):
+                span, built = _ltv_span(lake, days, fold.max_days)
+            # One lookup of the freezes for both marts: the LTV span holds every changed day.
+            frozen = fold.frozen(span.partition_keys()) if fold.frozen else set()
+            held = sorted(frozen & set(days))
+            if held:
+                done.left.append(f"{_span(held)} frozen")
+            _fold_revenue(lake, [d for d in days if d not in frozen], writer, done)
+            _fold_ltv(lake, span, built, frozen, fold, writer, done)
     except FxRateError as error:
         done.left.append(f"no rate: {error}")
     finally:
         lake.session.catalog.clearCache()  # with_usd's cache: a stream has no run end
+        for name, versions in done.written.items():
+            fold.unchecked.days.setdefault(AssetKey.from_user_string(name), set()).update(versions)
+    if fold.unchecked.due(fold.check_seconds):
+        check_folded_days(lake, fold, done)
     done.seconds = time.monotonic() - started
     return done
+
+
+def check_folded_days(lake: LakehouseResource, fold: MartsFold, done: MartsFolded) -> None:
+    """Each mart's check equation over the days folded since the last evaluation, on the
+    tables as they are after this batch (so an evaluation verifies the newest fold of its
+    day), into `done.outcomes`.
+
+    A fold checked with every batch spends about half of its time in the checks (the LTV
+    roll-forward's is the larger), so at 1,000 messages/s its batches grow and messages wait
+    longer for the marts; the stream checks at most once per report interval instead, which
+    is also how often Dagster is told of each mart day, and what is unchecked when the
+    stream stops or a catch-up ends is checked then (`operations/stream.py`)."""
+    for key, part, equation in (
+        (FCT_DAILY_REVENUE, "fct_check", fct_vs_staging),
+        (CUSTOMER_LTV, "ltv_check", ltv_vs_previous_day),
+    ):
+        for span in ranges_of(fold.unchecked.days.pop(key, set())):
+            with done.timing(part):
+                done.outcomes.append(equation(lake, span)[0])
+    fold.unchecked.checked_at = time.monotonic()
 
 
 def _fold_revenue(lake: LakehouseResource, days: list[str], writer: str, done: MartsFolded) -> None:
@@ -133,26 +182,33 @@ def _fold_revenue(lake: LakehouseResource, days: list[str], writer: str, done: M
             _replace(
                 lake, FCT_DAILY_REVENUE, frame, span, (STAGING_ORDERS, RAW_FX_RATES), writer, done
             )
-        with done.timing("fct_check"):
-            done.outcomes.append(fct_vs_staging(lake, span)[0])
+
+
+def _ltv_span(
+    lake: LakehouseResource, days: list[str], max_days: int
+) -> tuple[DayRange, set[date]]:
+    """The snapshots to rebuild, from the first changed day through the newest one (or the
+    newest changed day; a snapshot missing in between too), and the built ones near it."""
+    first = date.fromisoformat(min(days))
+    built = _built_snapshots(lake, first, max_days)
+    newest = max(built, default=None)
+    last = max(date.fromisoformat(max(days)), newest or first)
+    if newest is not None and newest + ONE_DAY < first:
+        first = newest + ONE_DAY
+    return DayRange.of_days(first, last), built
 
 
 def _fold_ltv(
-    lake: LakehouseResource, days: list[str], fold: MartsFold, writer: str, done: MartsFolded
+    lake: LakehouseResource,
+    span: DayRange,
+    built: set[date],
+    frozen: set[str],
+    fold: MartsFold,
+    writer: str,
+    done: MartsFolded,
 ) -> None:
-    """Snapshots from the first changed day through the newest one (or the newest changed
-    day), on the snapshot before; a snapshot missing in between is built too."""
-    if not days:
-        return
-    first = date.fromisoformat(days[0])
-    with done.timing("ltv_find_newest"):
-        built = _built_snapshots(lake, first, fold.max_days)
-    newest = max(built, default=None)
-    last = max(date.fromisoformat(days[-1]), newest or first)
-    if newest is not None and newest + ONE_DAY < first:
-        first = newest + ONE_DAY
-    span = DayRange.of_days(first, last)
-    frozen = fold.frozen(span.partition_keys()) if fold.frozen else set()
+    """`span`'s snapshots on the snapshot before, up to the first frozen day."""
+    frozen = frozen & set(span.partition_keys())
     if frozen:
         cut = min(frozen)
         done.left.append(f"LTV from {cut} (frozen)")
@@ -177,8 +233,6 @@ def _fold_ltv(
     inputs = (STAGING_ORDERS, RAW_FX_RATES, CUSTOMER_LTV)
     with done.timing("ltv_write"):
         _replace(lake, CUSTOMER_LTV, frame, span, inputs, writer, done)
-    with done.timing("ltv_check"):
-        done.outcomes.append(ltv_vs_previous_day(lake, span)[0])
 
 
 def _built_snapshots(lake: LakehouseResource, first: date, max_days: int) -> set[date]:
@@ -221,6 +275,11 @@ def _replace(
 
 
 def _span(days: list[str]) -> str:
+    """The days as runs of consecutive days ("d1..d2, d4"), so a gap never reads as folded;
+    days past the last partition included (`ranges_of` keeps partitions only)."""
     if not days:
         return "-"
-    return days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}"
+    ordered = sorted(date.fromisoformat(d) for d in set(days))
+    runs = groupby(enumerate(ordered), key=lambda pair: pair[1].toordinal() - pair[0])
+    spans = [[day for _, day in run] for _, run in runs]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in spans)

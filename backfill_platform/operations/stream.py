@@ -29,6 +29,7 @@ from backfill_platform.operations.mart_fold import (
     FrozenDays,
     MartsFold,
     MartsFolded,
+    check_folded_days,
     fold_into_marts,
 )
 from backfill_platform.ranges import ranges_of
@@ -93,7 +94,20 @@ class BatchReport:
     def ingest_dates(self) -> list[str]:
         return sorted(self.rows_by_day)
 
+    @property
+    def checks_only(self) -> bool:
+        """The marts' checks evaluated when the query ended, no batch of its own."""
+        return not self.offsets and self.marts is not None and not self.marts.written
+
     def describe(self) -> str:
+        if self.checks_only:
+            checked = sorted({r.partition for o in self.marts.outcomes for r in o.results})
+            failed = [o.check_name for o in self.marts.outcomes if o.failed]
+            verdict = f"FAIL: {', '.join(failed)}" if failed else "pass"
+            return (
+                f"the marts' checks of {len(checked)} folded day(s) not checked yet: "
+                f"{verdict} ({self.seconds:.1f} s)"
+            )
         spans = ", ".join(
             f"p{p} first {first} next {after}" for p, (first, after) in sorted(self.offsets.items())
         )
@@ -124,6 +138,7 @@ class CatchUpReport:
     batches: list[BatchReport] = field(default_factory=list)
     seconds: float = 0.0
     compactions: list[Compaction] = field(default_factory=list)  # raw/orders' days compacted
+    final_checks: BatchReport | None = None  # the marts' checks left at the query's end
 
     @property
     def rows(self) -> int:
@@ -142,6 +157,7 @@ class CatchUpReport:
             "rejects": self.rejects,
             "seconds": round(self.seconds, 3),
             "compactions": [asdict(c) for c in self.compactions],
+            "final_checks": asdict(self.final_checks) if self.final_checks else None,
         }
 
     def describe(self) -> str:
@@ -156,6 +172,7 @@ class CatchUpReport:
                 head,
                 *(f"  {b.describe()}" for b in self.batches),
                 *(f"  {c.describe()}" for c in self.compactions),
+                *([f"  {self.final_checks.describe()}"] if self.final_checks else []),
             ]
         )
 
@@ -314,6 +331,7 @@ def catch_up(
     with _compactor(lake, report, compact_files, on_compaction) as compactor:
         query = _start(lake, orders, report, {"availableNow": True}, on_batch, fold, compactor)
         query.awaitTermination()
+        _check_the_rest(lake, fold, report, on_batch)
     report.seconds = time.monotonic() - clock
     return report
 
@@ -351,8 +369,29 @@ def run_stream(
         finally:
             if query.isActive:
                 query.stop()
+        _check_the_rest(lake, fold, report, on_batch)
     report.seconds = time.monotonic() - clock
     return report
+
+
+def _check_the_rest(
+    lake: LakehouseResource,
+    fold: StagingFold | None,
+    report: CatchUpReport,
+    on_batch: Callable[[BatchReport], None] | None,
+) -> None:
+    """The marts' folded days whose checks waited for their interval (`MartsFold.
+    check_seconds`), checked once the query has ended and handed on like a batch, so no
+    folded day goes unchecked."""
+    if fold is None or fold.marts is None or not fold.marts.unchecked.days:
+        return
+    started, done = time.monotonic(), MartsFolded()
+    check_folded_days(lake, fold.marts, done)
+    done.seconds = time.monotonic() - started
+    last = report.batches[-1].batch_id if report.batches else 0
+    report.final_checks = BatchReport(last, 0, 0, {}, {}, None, done.seconds, marts=done)
+    if on_batch is not None:
+        on_batch(report.final_checks)
 
 
 @contextmanager

@@ -17,6 +17,11 @@ catch-up ends (`close`). So a partition-day gets at most 86,400 / interval + 1 r
 (1,441 at a minute) plus one per stop, and the freshness policy, which counts
 materializations, sees one within an interval of every commit.
 
+**The marts' checks** are evaluated at most once per interval too (`MartsFold.check_seconds`),
+so a batch can carry the evaluations of days an earlier batch folded: they are reported as
+evaluations alone, after the day's materialization, and a later commit of the day drops an
+evaluation still pending before it (it verified the day as it was).
+
 **Held days.** A materialization of a partition the code location does not define is never
 written: the UI would list a partition that does not exist, and sensors could target it.
 The stream's rows of such a day (a message stamped after BACKFILL_END_DATE, or today while
@@ -78,7 +83,7 @@ class DayReport:
     day: str
     first_batch: int
     last_batch: int
-    batches: int
+    batches: int  # 0: no commit, the checks of a day an earlier batch folded
     delta_version: int  # the newest commit's
     rows: int = 0  # raw/orders: the rows the batches wrote to the day
     offsets: dict[int, tuple[int, int]] = field(default_factory=dict)  # raw: partition -> span
@@ -86,7 +91,12 @@ class DayReport:
     checks: dict[str, AssetCheckEvaluation] = field(default_factory=dict)
 
     def then(self, later: DayReport) -> DayReport:
-        """This report and a later batch's, as one."""
+        """This report and a later batch's, as one. A later commit of the day drops the
+        checks pending here: they verified the day before it."""
+        if not later.batches:
+            return replace(self, checks={**self.checks, **later.checks})
+        if not self.batches:
+            return later
         spans = dict(self.offsets)
         for p, (first, after) in later.offsets.items():
             merge_span(spans, p, first, after)
@@ -98,7 +108,7 @@ class DayReport:
             delta_version=max(self.delta_version, later.delta_version),
             rows=self.rows + later.rows,
             offsets=spans,
-            checks={**self.checks, **later.checks},
+            checks=later.checks,
         )
 
 
@@ -112,9 +122,14 @@ def day_reports(batch: BatchReport) -> list[DayReport]:
             where = (outcome.asset_key.to_user_string(), evaluation.partition)
             checks.setdefault(where, {})[outcome.check_name] = evaluation
     found = [
-        DayReport(name, day, delta_version=version, checks=checks.get((name, day), {}), **one)
+        DayReport(name, day, delta_version=version, checks=checks.pop((name, day), {}), **one)
         for name, versions in sorted(batch.staged.items())
         for day, version in sorted(versions.items())
+    ]
+    # Checks of days earlier batches folded (evaluated once per interval, or at the end).
+    found += [
+        DayReport(name, day, batch.batch_id, batch.batch_id, 0, -1, checks=evaluations)
+        for (name, day), evaluations in sorted(checks.items())
     ]
     if batch.delta_version is not None:
         spans = dict(batch.offsets)
@@ -130,6 +145,10 @@ def report_days(instance: DagsterInstance, topic: str, reports: list[DayReport])
     show the stream's progress per day beside the backfills' runs and their downstream
     partitions turn stale as late messages land."""
     for r in reports:
+        if not r.batches:  # checks of a day reported before: they verify its newest commit
+            for evaluation in r.checks.values():
+                instance.report_runless_asset_event(evaluation)
+            continue
         batches = (
             f"batch {r.last_batch}"
             if r.batches == 1
@@ -280,7 +299,7 @@ class StreamReporter:
         reports = [self._pending.pop(k) for k in sorted(keys)]
         if reports:
             report_days(self.instance, self.topic, reports)
-            self.reported += len(reports)
+            self.reported += sum(1 for r in reports if r.batches)
             now = time.monotonic()
             self._last.update(dict.fromkeys(keys, now))
         return len(reports)
