@@ -62,13 +62,6 @@ SHARED_DEPLOYMENT_MODULES = {
     "test_stream_freshness.py",
     "test_ui_browser.py",
 }
-# The object store's module (no deployment) runs in the shared deployment's worker too. The
-# scheduler hands a worker its next module while it still runs its last test, so the other
-# worker, whose modules are one or two tests each, took every other module: its UI journey,
-# stream beside a backfill, stale repair and object store summed 907 s against the shared
-# deployment's 697 s, and the phase ended 210 s after that worker fell idle (2026-12-04).
-# With the object store's here: 829 s against 775 s.
-SHARED_WORKER_MODULES = SHARED_DEPLOYMENT_MODULES | {"test_object_storage.py"}
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
@@ -80,7 +73,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class ByDeployment(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "shared-worker" if Path(module).name in SHARED_WORKER_MODULES else module
+            return "shared-deployment" if Path(module).name in SHARED_DEPLOYMENT_MODULES else module
 
     return ByDeployment(config, log)
 
