@@ -209,9 +209,10 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
     lake = resources["lakehouse"]
     previous_file = lakehouse / "_demo_fingerprints.json"
     previous = json.loads(previous_file.read_text()) if previous_file.exists() else None
-    if args.stream_days > 0 and previous and _batch_only(previous, str(days)):
-        # A demo without the stream ran before over these days: its tables are the backfill's
-        # alone, so they compare with this backfill's before the stream adds its rows.
+    # A demo without the stream ran before over these days: its tables are the backfill's
+    # alone, so they compare with this backfill's before the stream adds its rows.
+    before_stream = args.stream_days > 0 and previous and _batch_only(previous, str(days))
+    if before_stream:
         backfilled = {"days": str(days), "stream_days": 0, "tables": fingerprints(lake)}
         print(f"{_compared(previous, backfilled)} (before the stream's rows)")
     # The stream first, so the rows and fingerprints below are the tables as they end.
@@ -233,7 +234,7 @@ def _demo(args, terminal: Terminal, landing: Path, lakehouse: Path, days: DayRan
         print(f"  {line}")
     result.ok = result.ok and streamed
     prints = {"days": str(days), "stream_days": args.stream_days, "tables": tables}
-    if previous and not (args.stream_days > 0 and _batch_only(previous, str(days))):
+    if previous and not before_stream:
         print(_compared(previous, prints))
     previous_file.write_text(json.dumps(prints, indent=2))
     print(
