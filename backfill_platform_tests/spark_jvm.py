@@ -44,7 +44,12 @@ def test_settings() -> list[tuple[str, str]]:
 # 74-80 with tiered C2 (wall 39-42 s against 45-48 s); of 20 days x 100 orders, 62 against
 # 102 (wall 52 s against 62 s). A test process's own JVM lives for its whole session and
 # keeps C2: one two-minute test there took 172 s with C1 alone against 122-135 s.
-SPAWNED_JIT = "-XX:TieredStopAtLevel=1"
+# C1 alone shrinks the JVM's default code cache to 48 MB (240 MB when tiered), which a
+# month's demo with the stream (`make demo STREAM=on` in test_readme.py) filled: compilation
+# stopped, then the JVM died when it could not place a new call adapter, and the run failed
+# with "py4j.reflection does not exist in the JVM". The cache is reserved address space,
+# committed as it fills, so the tiered size costs nothing until it is used.
+SPAWNED_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 # A test process's own JVM keeps C2 but compiles only what stays hot: Spark's and Delta's
 # driver code is vast and each path runs a few hundred times in a session, and C2 spent

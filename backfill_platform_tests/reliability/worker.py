@@ -36,6 +36,7 @@ from backfill_platform.settings import (
     secret_setting,
     setting,
 )
+from backfill_platform_tests.spark_jvm import SPAWNED_JIT
 
 DATE_COLUMNS = {
     "raw/orders": "ingest_date",
@@ -54,7 +55,7 @@ def worker_spark() -> SparkSessionResource:
         master="local[1]",
         shuffle_partitions=1,
         driver_memory="1g",
-        extra_conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"},
+        extra_conf={"spark.driver.extraJavaOptions": f"{SPAWNED_JIT} -XX:+UseSerialGC"},
         s3_endpoint=setting(S3_ENDPOINT),
         s3_path_style=bool_setting(S3_PATH_STYLE),
         s3_access_key_id=secret_setting(S3_ACCESS_KEY_ID),
