@@ -8,13 +8,19 @@ The S3 server itself is exercised in `make e2e` (e2e/test_object_storage.py); he
 from __future__ import annotations
 
 import stat
+import time
 
 from dagster import EnvVar
 
 from backfill_platform.definitions import build_resources
 from backfill_platform.resources import LakehouseResource, LandingZoneResource, SparkSessionResource
 from backfill_platform.resources.landing import FX_RATES, ORDERS
-from backfill_platform.resources.spark import LOCAL_FS, LOCAL_FS_JAR, spark_jars_dir
+from backfill_platform.resources.spark import (
+    LOCAL_FS,
+    LOCAL_FS_JAR,
+    STATUS_STORE_WITHOUT_UI,
+    spark_jars_dir,
+)
 from backfill_platform.resources.storage import hadoop_fs
 from backfill_platform_tests.harness import order_line, spark_resource_for_tests
 
@@ -129,3 +135,17 @@ def test_the_local_file_system_is_for_local_sessions_and_keeps_a_deployments_cla
         master="local[2]", extra_conf={"spark.driver.extraClassPath": "/opt/extra.jar"}
     ).spark_config()
     assert own["spark.driver.extraClassPath"] == f"{jar}:/opt/extra.jar"
+
+
+def test_a_driver_without_its_ui_keeps_few_queries_in_sparks_status_store(spark):
+    """A long-lived driver (the stream) kept 1,000 queries' plans for a UI that is off."""
+    assert not SparkSessionResource().ui_enabled
+    limit = int(STATUS_STORE_WITHOUT_UI["spark.sql.ui.retainedExecutions"])
+    assert spark.conf.get("spark.sql.ui.retainedExecutions") == str(limit)
+    for n in range(3 * limit):
+        spark.range(n + 1).selectExpr("sum(id)").collect()
+    store = spark._jsparkSession.sharedState().statusStore()
+    deadline = time.monotonic() + 30  # the listener and the store's trimming are asynchronous
+    while store.executionsCount() > limit and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.executionsCount() <= limit
