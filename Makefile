@@ -87,7 +87,7 @@ RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
 .PHONY: postgres-start postgres-stop demo-log
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability bench-smoke e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep bench-jvm s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability bench-smoke e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep soak-stream bench-jvm s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -263,6 +263,14 @@ bench-stream: install
 BENCH_STREAM_UPKEEP_ARGS ?=
 bench-stream-upkeep: install
 	$(PY) -m benchmarks.stream_upkeep $(BENCH_STREAM_UPKEEP_ARGS)
+
+# The stream over 30 simulated days of the demo shop at a 5 s trigger (40 batches a day), a
+# landing backfill of the same days beside it, the supervisor's and the window's sensors
+# ticked each day, one broker restart: per day batches, files, Dagster's reports and the
+# stream JVM's heap after a full GC; passes or fails on them (about 2 hours idle).
+SOAK_STREAM_ARGS ?=
+soak-stream: install
+	$(PY) -m benchmarks.soak_stream $(SOAK_STREAM_ARGS)
 
 # A run's own Spark JVM against a long-lived Spark Connect server the runs share: wall and
 # machine CPU seconds per process, the same small Delta work (docs/performance.md, "A JVM per
