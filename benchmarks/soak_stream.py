@@ -1,16 +1,17 @@
 """The stream over simulated weeks (`make soak-stream`, docs/live-stream.md).
 
-A real one-node broker, the landing zone of `--days` days and the demo shop selling over the
-same days, its clock run fast: each simulated day's messages are sent in the time of
-`--batches-per-day` triggers of the stream. The stream runs as a deployment runs it: `stream
-start` (its own process and JVM, a batch every `--trigger-seconds`, reporting to a Dagster
-instance, compacting its small files beside it). The soak, meanwhile, does what the live
-path around it does:
+A real one-node broker and the demo shop selling over `--days` days, its clock run fast:
+each simulated day's messages are sent in the time of `--batches-per-day` triggers of the
+stream, and the day's landing export is delivered at its end (`deliver_next_day`). The
+stream runs as a deployment runs it: `stream start` (its own process and JVM, a batch every
+`--trigger-seconds`, reporting to a Dagster instance, compacting its small files beside it).
+The soak, meanwhile, does what the live path around it does:
 
-- ticks the `stream_supervisor` sensor after every simulated day (a stream that died is
-  started again) and the `rolling_window_sensor`, launching the runs it asks for;
-- backfills the landing zone's days (every asset with its checks, in runs of `--per-run`
-  days) on a thread beside the stream, from the day `--backfill-at` of the soak on;
+- at the day `--backfill-at`, backfills the days delivered so far (every asset with its
+  checks, in runs of `--per-run` days) on a thread beside the stream;
+- ticks the `stream_supervisor` sensor every simulated day (a stream that died is started
+  again) and, once the backfill is done, the `landing_sensor` and the
+  `rolling_window_sensor`, launching the runs they ask for;
 - stops the broker and starts it again on the same port at the day `--restart-at`.
 
 After each simulated day, once raw holds every message sent so far, it records: the batches
@@ -144,9 +145,10 @@ class Soak:
         from backfill_platform_tests.harness import spark_resource_for_tests
         from backfill_platform_tests.sensor_ticks import Daemon, instance_at
 
-        work, args, last = self.work, self.args, self.last
+        work, args = self.work, self.args
         self.landing, self.lakehouse = work / "landing", str(work / "lake")
-        generate_landing(self.landing, FIRST, last, args.landing_per_day, seed=31)
+        # The export's first day; the next ones are delivered one a day as the shop sells.
+        generate_landing(self.landing, FIRST, FIRST, args.landing_per_day, seed=31)
         # Every backfill of all assets calls the CRM: the demo's, for the landing's customers.
         generate_crm(self.landing, work / "crm", 31)
         self.crm = start_crm_server(work / "crm", token="soak-crm-token", rate=1000)
@@ -172,6 +174,7 @@ class Soak:
 
     def run(self) -> dict:
         from backfill_platform import cli
+        from backfill_platform.sources.generate import deliver_next_day
         from backfill_platform.sources.producer import produce, shop_events
         from backfill_platform_tests.reliability.stream_helpers import overlap_messages
 
@@ -209,12 +212,14 @@ class Soak:
             seller.start()  # the shop sells its day while the sensors tick beside it
             supervisor = self._tick_supervisor()
             self.restarts_by_supervisor += supervisor == "started again"
-            window = self._tick_window()
+            live = self._tick_live_path()
             seller.join()
             time.sleep(max(0.0, wall - (time.monotonic() - began)))
             if len(sold) != len(messages):
                 raise RuntimeError(f"{day}: {len(sold)} of {len(messages)} messages acknowledged")
             produced += sold
+            if index:  # the day's export lands at its end (the first day's was there)
+                deliver_next_day(self.landing)
             self._wait_for(len(produced))
             batches = self._batches()
             new = batches[seen_batches:]
@@ -234,7 +239,7 @@ class Soak:
                     "heap_mb_after_full_gc": self._heap_mb(),
                     "stream_jvm": self.jvm,
                     "supervisor": supervisor,
-                    "window_runs": window,
+                    "live_path": live,
                     "seconds": round(time.monotonic() - began, 1),
                 }
             )
@@ -243,6 +248,7 @@ class Soak:
 
         if self.backfill is not None:
             self.backfill.join()
+        self._tick_live_path()  # the last day's export
         self._wait_for(len(produced))
         assert cli.main(["stream", "stop"]) == 0
         return self._finish(produced, overlap, days, restarts)
@@ -306,6 +312,9 @@ class Soak:
         from backfill_platform.checks import all_checks
         from backfill_platform.definitions import all_assets
         from backfill_platform.runner import backfill as run_backfill
+        from backfill_platform.sources.generate import landing_days
+
+        newest = max(landing_days(self.landing))
 
         def load() -> None:
             began = time.monotonic()
@@ -313,13 +322,13 @@ class Soak:
                 runs = run_backfill(
                     all_assets,
                     FIRST.isoformat(),
-                    self.last.isoformat(),
+                    newest.isoformat(),
                     self.resources,
                     self.instance,
                     per_run=self.args.per_run,
                     checks=all_checks,
                 )
-                self.backfill_outcome.update(runs=len(runs), ok=True)
+                self.backfill_outcome.update(days=f"{FIRST}..{newest}", runs=len(runs), ok=True)
             except Exception as failed:  # reported in the results, and the soak fails
                 self.backfill_outcome.update(ok=False, error=str(failed)[:2000])
             self.backfill_outcome["seconds"] = round(time.monotonic() - began, 1)
@@ -347,17 +356,21 @@ class Soak:
         _, skip, observed = self.daemon.tick(stream_supervisor)
         return "started again" if observed or (skip or "").startswith("started") else "running"
 
-    def _tick_window(self) -> int:
-        """The window's runs, once the backfill has loaded the landing zone (the FX rates
-        the window's staging needs come with it) and no longer writes the same days."""
+    def _tick_live_path(self) -> dict[str, str]:
+        """The landing sensor's runs (the days delivered since), then the rolling window's,
+        once the backfill has loaded the history: the live path is turned on after it."""
+        from backfill_platform.automation.landing_sensor import landing_sensor
         from backfill_platform.automation.window_sensor import rolling_window_sensor
 
         if self.backfill is None or self.backfill.is_alive():
-            return 0
-        requests, _, _ = self.daemon.tick(rolling_window_sensor)
-        for request in requests:
-            self.daemon.launch(rolling_window_sensor, request)
-        return len(requests)
+            return {}
+        done = {}
+        for sensor in (landing_sensor, rolling_window_sensor):
+            requests, skip, _ = self.daemon.tick(sensor)
+            for request in requests:
+                self.daemon.launch(sensor, request)
+            done[sensor.name] = f"{len(requests)} run(s)" if requests else (skip or "")[:120]
+        return done
 
     def _wait_for(self, count: int, timeout: float = 600) -> None:
         """Until raw holds `count` messages; a stream that died meanwhile is started again
