@@ -190,7 +190,8 @@ class Soak:
         for message in sorted(overlap + shop, key=lambda m: m.timestamp):
             by_day.setdefault((message.timestamp - launch).days, []).append(message)
 
-        assert cli.main(["stream", "start", "--trigger-seconds", str(args.trigger_seconds)]) == 0
+        if cli.main(["stream", "start", "--trigger-seconds", str(args.trigger_seconds)]):
+            raise RuntimeError(f"the stream did not start:\n{self._log_tail()}")
         produced, days, seen_batches, restarts = [], [], 0, []
         events_before = 0
         for index in range(args.days):
@@ -250,7 +251,8 @@ class Soak:
             self.backfill.join()
         self._tick_live_path()  # the last day's export
         self._wait_for(len(produced))
-        assert cli.main(["stream", "stop"]) == 0
+        if cli.main(["stream", "stop"]):
+            raise RuntimeError(f"the stream did not stop:\n{self._log_tail()}")
         return self._finish(produced, overlap, days, restarts)
 
     def _finish(self, produced, overlap, days, restarts) -> dict:
