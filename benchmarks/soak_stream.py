@@ -20,8 +20,9 @@ of `raw/orders` (written by the stream, and live at the end of the day, then at 
 the soak), the most small files any day holds, the stream's reports in Dagster's event log,
 and the stream JVM's heap after a full GC (`jcmd GC.run`, then `GC.heap_info`).
 
-At the end the rolling window folds the stream's last days in and every table is compared
-with the contract's answer over landing files and messages (every offset in raw once).
+At the end a backfill of every day folds in what the window did not reach (late versions of
+older days) and every table is compared with the contract's answer over landing files and
+messages (every offset in raw once).
 It passes when the last day's heap is within 10 % of the first's, the last tenth of the
 batches is no more than 20 % slower than the first (medians), no day held more small files
 than the compaction threshold at any observation, and the tables equal the contract.
@@ -44,6 +45,8 @@ import threading
 import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+
+import psutil
 
 from benchmarks.measure import load_average
 
@@ -136,7 +139,6 @@ class Soak:
     def start(self) -> None:
         """The landing zone, the CRM, the broker and the platform's resources."""
         from backfill_platform.definitions import build_resources
-        from backfill_platform.resources import LakehouseResource
         from backfill_platform.resources.stream_process import StreamProcess
         from backfill_platform.sources.crm_data import generate_crm
         from backfill_platform.sources.crm_process import start_crm_server
@@ -164,7 +166,7 @@ class Soak:
         self.resources = build_resources(
             str(self.landing), self.lakehouse, spark=spark_resource_for_tests()
         )
-        self.lake = LakehouseResource(root_dir=self.lakehouse, spark=spark_resource_for_tests())
+        self.lake = self.resources["lakehouse"]
         self.daemon = Daemon(self.resources, self.instance)
         self.process = StreamProcess(work / "home" / "stream")
         self.backfill: threading.Thread | None = None
@@ -449,24 +451,11 @@ class Soak:
 
 def _java_child(pid: int) -> int | None:
     """The JVM pyspark started under `pid` (a child, or a child's child)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        try:
-            name = (Path("/proc") / str(child) / "comm").read_text().strip()
-        except OSError:
-            continue
-        if name == "java":
-            return child
-        todo += children.get(child, [])
-    return None
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+        return next((c.pid for c in children if c.name() == "java"), None)
+    except psutil.Error:  # the stream ended meanwhile
+        return None
 
 
 def _median(values: list[float]) -> float | None:
