@@ -23,11 +23,17 @@ and the stream JVM's heap after a full GC (`jcmd GC.run`, then `GC.heap_info`).
 At the end a backfill of every day folds in what the window did not reach (late versions of
 older days) and every table is compared with the contract's answer over landing files and
 messages (every offset in raw once).
-It passes when the last day's heap is within 10 % of the first's, the last tenth of the
-batches is no more than 20 % slower than the first (medians), no day held more small files
-than the compaction threshold at any observation, and the tables equal the contract.
-Prints a table per day and the verdicts; writes `benchmarks/results/soak-stream-<time>.json`;
-exit 1 if a verdict fails.
+It passes when the last day's heap is within 10 % of the first warm day's (the first day
+that ends after `--warm-up-batches` batches: the stream's first batches fill the JVM's
+bounded caches, 96 to 118 MB over its first 12 batches in a 5-day run), the last tenth of
+the batches is no more than 20 % slower than the first (medians), no day held more small
+files than the compaction threshold at any observation (a trigger after the day's last
+batch, its compaction round done), plus one for each round of that day that gave way to
+another writer's table lock (its day keeps the batch's file until the next round), and the
+tables equal the contract.
+A run too short to have a warm day before its last leaves the heap not judged (CI's small
+soak: `e2e/test_soak_stream.py`). Prints a table per day and the verdicts; writes
+`benchmarks/results/soak-stream-<time>.json` (or `--out`); exit 1 if a verdict fails.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ TOPIC = "orders"
 BATCH_LINE = re.compile(
     r"batch (\d+): (\d+) rows, .*: (?:Delta v\d+|already in raw \(replay skipped\)) \(([\d.]+) s\)"
 )
+LEFT_FOR_LATER = re.compile(r"compaction of raw/orders .* left for later: ")
 HEAP_USED = re.compile(r"used (\d+)K")
 HEAP_MARGIN = 0.10  # the last day's heap over the first's
 SLOWDOWN_MARGIN = 0.20  # the last tenth of the batches over the first tenth (medians)
@@ -74,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backfill-at", type=int, default=None, help="day (default: a third)")
     parser.add_argument("--restart-at", type=int, default=None, help="day (default: 2/3)")
     parser.add_argument("--per-run", type=int, default=10, help="the backfill's days per run")
+    parser.add_argument(
+        "--warm-up-batches", type=int, default=20, help="batches before the heap's baseline"
+    )
     parser.add_argument("--work", default=None, help="a folder to keep (default: a temp one)")
+    parser.add_argument("--out", default=None, help="the results file (default: results/)")
     parser.add_argument("--no-write", action="store_true", help="write no results file")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     _print(result)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"soak-stream-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        out = Path(args.out or RESULTS / f"soak-stream-{time.strftime('%Y%m%dT%H%M%S')}.json")
         out.write_text(json.dumps(result, indent=2, default=str))
         print(f"written {out}")
     stream_log = work / "home" / "stream" / "raw_orders_stream.log"
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(stream_log, terminal.log.with_suffix(".stream.log"))
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if all(v["met"] for v in result["verdicts"].values()) else 1
+    return 1 if any(v["met"] is False for v in result["verdicts"].values()) else 0
 
 
 class Soak:
@@ -195,7 +206,7 @@ class Soak:
         if cli.main(["stream", "start", "--trigger-seconds", str(args.trigger_seconds)]):
             raise RuntimeError(f"the stream did not start:\n{self._log_tail()}")
         produced, days, seen_batches, restarts = [], [], 0, []
-        events_before = 0
+        events_before = gave_way_before = 0
         for index in range(args.days):
             day = FIRST + timedelta(days=index)
             if index == args.backfill_at:
@@ -224,10 +235,13 @@ class Soak:
             if index:  # the day's export lands at its end (the first day's was there)
                 deliver_next_day(self.landing)
             self._wait_for(len(produced))
+            # a trigger's pause: the compactor's round after the day's last batch has run
+            time.sleep(args.trigger_seconds)
             batches = self._batches()
             new = batches[seen_batches:]
             seen_batches = len(batches)
             events = self._stream_reports()
+            gave_way = self._rounds_left_for_later()
             files = self.lake.partition_files("raw/orders", [day.isoformat()])
             days.append(
                 {
@@ -238,6 +252,7 @@ class Soak:
                     "batch_seconds_max": max((s for _, _, s in new), default=None),
                     "files_at_day_end": files[day.isoformat()].files if files else 0,
                     "most_small_files_of_a_day": max(self._small_files().values(), default=0),
+                    "compaction_rounds_left_for_later": gave_way - gave_way_before,
                     "stream_reports": events - events_before,
                     "heap_mb_after_full_gc": self._heap_mb(),
                     "stream_jvm": self.jvm,
@@ -246,16 +261,16 @@ class Soak:
                     "seconds": round(time.monotonic() - began, 1),
                 }
             )
-            events_before = events
+            events_before, gave_way_before = events, gave_way
             print(json.dumps(days[-1]), flush=True)
 
         if self.backfill is not None:
             self.backfill.join()
-        self._tick_live_path()  # the last day's export
+        last_live = self._tick_live_path()  # the last day's export
         self._wait_for(len(produced))
         if cli.main(["stream", "stop"]):
             raise RuntimeError(f"the stream did not stop:\n{self._log_tail()}")
-        return self._finish(produced, overlap, days, restarts)
+        return self._finish(produced, overlap, days, restarts) | {"live_path_at_the_end": last_live}
 
     def _finish(self, produced, overlap, days, restarts) -> dict:
         from backfill_platform.definitions import all_assets
@@ -279,14 +294,9 @@ class Soak:
             day["files_at_the_end"] = live.get(day["day"], 0)
         batches = [s for _, _, s in self._batches()]
         tenth = max(1, len(batches) // 10)
-        heaps = [d["heap_mb_after_full_gc"] for d in days if d["heap_mb_after_full_gc"]]
         first, latest = _median(batches[:tenth]), _median(batches[-tenth:])
         verdicts = {
-            "heap": {
-                "first_mb": heaps[0] if heaps else None,
-                "last_mb": heaps[-1] if heaps else None,
-                "met": bool(heaps) and heaps[-1] <= heaps[0] * (1 + HEAP_MARGIN),
-            },
+            "heap": _heap_verdict(days, self.args.warm_up_batches),
             "batch_time": {
                 "first_tenth_median_s": first,
                 "last_tenth_median_s": latest,
@@ -296,7 +306,14 @@ class Soak:
                 "threshold": self.args.compact_files,
                 "most_small_files_of_a_day": max(d["most_small_files_of_a_day"] for d in days),
                 "most_files_of_a_day_at_the_end": max(live.values(), default=0),
-                "met": all(d["most_small_files_of_a_day"] <= self.args.compact_files for d in days)
+                "compaction_rounds_left_for_later": sum(
+                    d["compaction_rounds_left_for_later"] for d in days
+                ),
+                "met": all(
+                    d["most_small_files_of_a_day"]
+                    <= self.args.compact_files + d["compaction_rounds_left_for_later"]
+                    for d in days
+                )
                 and max(live.values(), default=0) <= self.args.compact_files,
             },
             "contract": {"figures": result.figures, "failures": failures, "met": not failures},
@@ -397,6 +414,11 @@ class Soak:
         text = self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
         return [(int(m[1]), int(m[2]), float(m[3])) for m in BATCH_LINE.finditer(text)]
 
+    def _rounds_left_for_later(self) -> int:
+        """The stream's compaction rounds that gave way to another writer's lock so far."""
+        text = self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
+        return len(LEFT_FOR_LATER.findall(text))
+
     def _small_files(self) -> dict[str, int]:
         from backfill_platform.resources.maintenance import small_files
 
@@ -449,6 +471,33 @@ class Soak:
                 service.stop()
 
 
+def _heap_verdict(days: list[dict], warm_up_batches: int) -> dict:
+    """The last day's heap against the first warm day's; not judged (met None) when no day
+    before the last ends after the warm-up."""
+    measured = [d for d in days if d["heap_mb_after_full_gc"]]
+    ran, warm = 0, None
+    for day in measured[:-1]:
+        ran += day["batches"]
+        if ran >= warm_up_batches:
+            warm = day
+            break
+    if warm is None:
+        return {
+            "warm_up_batches": warm_up_batches,
+            "last_mb": measured[-1]["heap_mb_after_full_gc"] if measured else None,
+            "met": None,
+            "why": "no day before the last ends after the warm-up" if measured else "no heap",
+        }
+    last = measured[-1]["heap_mb_after_full_gc"]
+    first = warm["heap_mb_after_full_gc"]
+    return {
+        "warm_day": warm["day"],
+        "first_mb": first,
+        "last_mb": last,
+        "met": last <= first * (1 + HEAP_MARGIN),
+    }
+
+
 def _java_child(pid: int) -> int | None:
     """The JVM pyspark started under `pid` (a child, or a child's child)."""
     try:
@@ -489,7 +538,8 @@ def _print(result: dict) -> None:
     print()
     for name, verdict in result.get("verdicts", {}).items():
         shown = {k: v for k, v in verdict.items() if k not in ("met", "figures")}
-        print(f"{name}: {'met' if verdict['met'] else 'NOT MET'} {json.dumps(shown)}")
+        met = {True: "met", False: "NOT MET", None: "not judged"}[verdict["met"]]
+        print(f"{name}: {met} {json.dumps(shown)}")
     print(
         f"{result.get('batches')} batches, {result.get('stream_reports')} stream reports, "
         f"broker restarts {result.get('broker_restarts')}, backfill {result.get('backfill')}, "
