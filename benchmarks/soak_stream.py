@@ -24,8 +24,8 @@ At the end a backfill of every day folds in what the window did not reach (late 
 older days) and every table is compared with the contract's answer over landing files and
 messages (every offset in raw once).
 It passes when the last day's heap is within 10 % of the first warm day's (the first day
-that ends after `--warm-up-batches` batches: the stream's first batches fill the JVM's
-bounded caches, 96 to 118 MB over its first 12 batches in a 5-day run), the last tenth of
+that ends after `--warm-up-batches` batches: the heap grows over the stream's first
+batches, 96 to 118 MB over its first 12 in a 5-day run), the last tenth of
 the batches is no more than 20 % slower than the first (medians), no day held more small
 files than the compaction threshold at any observation (a trigger after the day's last
 batch, its compaction round done), plus one for each round of that day that gave way to
