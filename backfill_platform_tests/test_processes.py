@@ -62,3 +62,18 @@ def test_running_as_reads_the_command_line():
         bystander.kill()
         bystander.wait()
     assert not running_as(bystander.pid, "time.sleep(300)")  # gone
+
+
+def test_a_process_just_started_is_recognised_though_its_command_line_reads_empty_at_first():
+    """Popen returns once the exec pipe closes, which Linux does before the new program's
+    arguments are in place: /proc/<pid>/cmdline read at once can be empty (about 1 in 150
+    starts on a loaded machine). Each of these is checked the moment it starts."""
+    for _ in range(150):
+        started = subprocess.Popen(
+            ["sleep", "301"], stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            assert running_as(started.pid, "sleep", "301")
+        finally:
+            started.kill()
+            started.wait()
