@@ -237,11 +237,12 @@ class Soak:
             self._wait_for(len(produced))
             # a trigger's pause: the compactor's round after the day's last batch has run
             time.sleep(args.trigger_seconds)
-            batches = self._batches()
+            log = self._stream_log()  # read once a day: it grows with every batch
+            batches = _batches(log)
             new = batches[seen_batches:]
             seen_batches = len(batches)
             events = self._stream_reports()
-            gave_way = self._rounds_left_for_later()
+            gave_way = len(LEFT_FOR_LATER.findall(log))  # compaction rounds that gave way
             files = self.lake.partition_files("raw/orders", [day.isoformat()])
             days.append(
                 {
@@ -292,7 +293,7 @@ class Soak:
         for day in days:
             day["stream_files_written"] = written.get(day["day"], 0)
             day["files_at_the_end"] = live.get(day["day"], 0)
-        batches = [s for _, _, s in self._batches()]
+        batches = [s for _, _, s in _batches(self._stream_log())]
         tenth = max(1, len(batches) // 10)
         first, latest = _median(batches[:tenth]), _median(batches[-tenth:])
         verdicts = {
@@ -409,15 +410,8 @@ class Soak:
     def _log_tail(self) -> str:
         return self.process.log_tail(40) if self.process.log.exists() else ""
 
-    def _batches(self) -> list[tuple[int, int, float]]:
-        """(batch id, rows, seconds) of each batch line in the stream's log, in order."""
-        text = self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
-        return [(int(m[1]), int(m[2]), float(m[3])) for m in BATCH_LINE.finditer(text)]
-
-    def _rounds_left_for_later(self) -> int:
-        """The stream's compaction rounds that gave way to another writer's lock so far."""
-        text = self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
-        return len(LEFT_FOR_LATER.findall(text))
+    def _stream_log(self) -> str:
+        return self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
 
     def _small_files(self) -> dict[str, int]:
         from backfill_platform.resources.maintenance import small_files
@@ -471,14 +465,22 @@ class Soak:
                 service.stop()
 
 
+def _batches(log: str) -> list[tuple[int, int, float]]:
+    """(batch id, rows, seconds) of each batch line in the stream's log, in order."""
+    return [(int(m[1]), int(m[2]), float(m[3])) for m in BATCH_LINE.finditer(log)]
+
+
 def _heap_verdict(days: list[dict], warm_up_batches: int) -> dict:
     """The last day's heap against the first warm day's; not judged (met None) when no day
-    before the last ends after the warm-up."""
+    before the last ends after the warm-up. Every day's batches count toward the warm-up,
+    a day whose heap could not be read too."""
     measured = [d for d in days if d["heap_mb_after_full_gc"]]
-    ran, warm = 0, None
-    for day in measured[:-1]:
+    ran, warm, last = 0, None, measured[-1] if measured else None
+    for day in days:
+        if day is last:
+            break
         ran += day["batches"]
-        if ran >= warm_up_batches:
+        if ran >= warm_up_batches and day["heap_mb_after_full_gc"]:
             warm = day
             break
     if warm is None:
