@@ -471,9 +471,10 @@ def _heap_verdict(days: list[dict], warm_up_batches: int) -> dict:
     before the last ends after the warm-up. Every day's batches count toward the warm-up,
     a day whose heap could not be read too."""
     measured = [d for d in days if d["heap_mb_after_full_gc"]]
-    ran, warm, last = 0, None, measured[-1] if measured else None
+    last_day = measured[-1] if measured else None
+    ran, warm = 0, None
     for day in days:
-        if day is last:
+        if day is last_day:
             break
         ran += day["batches"]
         if ran >= warm_up_batches and day["heap_mb_after_full_gc"]:
@@ -482,12 +483,11 @@ def _heap_verdict(days: list[dict], warm_up_batches: int) -> dict:
     if warm is None:
         return {
             "warm_up_batches": warm_up_batches,
-            "last_mb": measured[-1]["heap_mb_after_full_gc"] if measured else None,
+            "last_mb": last_day["heap_mb_after_full_gc"] if last_day else None,
             "met": None,
             "why": "no day before the last ends after the warm-up" if measured else "no heap",
         }
-    last = measured[-1]["heap_mb_after_full_gc"]
-    first = warm["heap_mb_after_full_gc"]
+    last, first = last_day["heap_mb_after_full_gc"], warm["heap_mb_after_full_gc"]
     # One day's reading spreads (+18 % for three days of a 30-day run, then back): the
     # medians of the first and last fifth of the warm days are shown beside it, not judged.
     warm_days = [d["heap_mb_after_full_gc"] for d in measured[measured.index(warm) :]]
