@@ -480,6 +480,38 @@ class DagsterServices:
         if result["__typename"] != "CancelBackfillSuccess":
             raise GraphQLError(f"cancelPartitionBackfill failed: {result}")
 
+    def cancel_backfill_until_it_ends(self, backfill_id: str, timeout: float) -> tuple[dict, int]:
+        """Cancel, then wait for the backfill to finish; returns its status and how many times
+        the cancel had to be sent again.
+
+        Dagster's cancel and its backfill daemon both read the backfill, change it and write it
+        back whole, without a lock (dagster-io/dagster#7094): a daemon iteration that read the
+        backfill just before the cancel writes it back as REQUESTED, and the cancel is lost. The
+        backfill then runs to the end. A user who sees it running presses cancel again; so does
+        this, each time the backfill reads REQUESTED after a cancel was accepted.
+        """
+        self.cancel_backfill(backfill_id)
+        sent_again = 0
+
+        def finished():
+            nonlocal sent_again
+            self._check_alive()
+            backfill = self.backfill(backfill_id)
+            if backfill["status"] == "REQUESTED" and sent_again < 10:
+                sent_again += 1
+                self.cancel_backfill(backfill_id)
+                return None
+            return backfill if backfill["status"] in FINISHED_BACKFILL else None
+
+        status = wait_for(
+            f"backfill {backfill_id} to finish after its cancel",
+            finished,
+            timeout,
+            interval=0.5,
+            logs=self.logs,
+        )
+        return status, sent_again
+
     def backfill(self, backfill_id: str) -> dict[str, Any]:
         result = self.graphql(BACKFILL_STATUS, {"backfillId": backfill_id})[
             "partitionBackfillOrError"
