@@ -452,12 +452,12 @@ def _run_lines(verb: str, runs: Sequence[RangeRun], instance: DagsterInstance) -
     return lines
 
 
-def _follow(act: Callable[[DagsterDeployment], str]) -> Outcome:
+def _follow(act: Callable[[DagsterDeployment], str], cancelled: bool = False) -> Outcome:
     """`act` on the deployment (it returns the backfill to follow), then follow it."""
     deployment = DagsterDeployment()
     deployment.check_reachable()
     backfill_id = act(deployment)
-    report = follow_backfill(DeploymentExecutor(deployment), backfill_id)
+    report = follow_backfill(DeploymentExecutor(deployment), backfill_id, cancelled=cancelled)
     lines = [f"backfill {backfill_id}: {'ok' if report.success else 'FAILED'}"]
     lines += _backfill_lines(report)
     return (0 if report.success else 1), _backfill_payload(report), "\n".join(lines)
@@ -475,7 +475,7 @@ def _cancel(session: Session, args) -> Outcome:
         deployment.cancel(args.backfill_id)
         return args.backfill_id
 
-    return _follow(cancel)
+    return _follow(cancel, cancelled=True)
 
 
 def _plan(session: Session, args) -> Outcome:

@@ -341,9 +341,19 @@ class DeploymentExecutor:
         return self.follow(backfill_id, on_run)
 
     def follow(
-        self, backfill_id: str, on_run: Callable[[RangeRun], None] | None = None
+        self,
+        backfill_id: str,
+        on_run: Callable[[RangeRun], None] | None = None,
+        cancelled: bool = False,
     ) -> RunReport:
-        """Poll until the backfill finishes; Ctrl-C leaves it running (`BackfillDetached`)."""
+        """Poll until the backfill finishes; Ctrl-C leaves it running (`BackfillDetached`).
+
+        `cancelled`: a cancel was accepted, so a backfill that reads REQUESTED again lost it.
+        Dagster's cancel and its backfill daemon each read the backfill and write it back
+        whole, unlocked (dagster-io/dagster#7094); a daemon iteration that read it just before
+        the cancel writes REQUESTED back and the backfill would run to its end. The cancel is
+        sent again, as a user would press it again.
+        """
         url = self.deployment.backfill_url(backfill_id)
         observer = current_observer()
         reported: set[str] = set()
@@ -361,6 +371,8 @@ class DeploymentExecutor:
                             on_run(range_run(run))
                 if status["status"] in FINISHED:
                     break
+                if cancelled and status["status"] == "REQUESTED":
+                    self.deployment.cancel(backfill_id)
                 self.sleep(self.poll_seconds)
         except KeyboardInterrupt:
             raise BackfillDetached(backfill_id, url) from None
@@ -370,12 +382,14 @@ class DeploymentExecutor:
         )
 
 
-def follow_backfill(executor: DeploymentExecutor, backfill_id: str) -> RunReport:
-    """Follow a backfill launched elsewhere (a retry) with the installed observer's bar."""
+def follow_backfill(
+    executor: DeploymentExecutor, backfill_id: str, cancelled: bool = False
+) -> RunReport:
+    """Follow a backfill launched elsewhere (a retry, a cancel) with the observer's bar."""
     observer = current_observer()
     report = None
     try:
-        report = executor.follow(backfill_id)
+        report = executor.follow(backfill_id, cancelled=cancelled)
         return report
     finally:
         if observer is not None:
