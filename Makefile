@@ -87,7 +87,7 @@ RELIABILITY_SIZE ?= full
 
 .PHONY: kafka-start kafka-stop produce stream-catch-up stream-status
 .PHONY: postgres-start postgres-stop demo-log
-.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability bench-smoke e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep bench-crm-demand soak-stream bench-jvm s3-race-demo tour
+.PHONY: install jars s3-deps dagster-home demo deliver-day cli test test-fast reliability bench-smoke e2e e2e-deps ui lint format clean-data bench bench-large bench-skew bench-s3 bench-parse bench-cutover bench-stream bench-stream-upkeep bench-crm-demand bench-check-steps soak-stream bench-jvm s3-race-demo tour
 
 install: $(INSTALLED) $(JARS)
 
@@ -244,6 +244,12 @@ BENCH_ARGS ?=
 bench: install
 	$(PY) -m benchmarks.bench --start $(BENCH_START) --days $(BENCH_DAYS) \
 		--orders-per-day $(BENCH_ORDERS_PER_DAY) --scaling "$(BENCH_SCALING)" $(BENCH_ARGS)
+
+# Each check step's seconds at a small scale (62 days x 3,000 orders), on a new JVM and again
+# warm, beside a check that does nothing: about 4 minutes idle (docs/performance.md).
+BENCH_CHECK_STEPS_ARGS ?=
+bench-check-steps: install
+	$(PY) -m benchmarks.check_steps $(BENCH_CHECK_STEPS_ARGS)
 
 # The cutover at two sizes 10x apart, zero-copy vs copying: seconds, data bytes written, log
 # bytes (docs/playbook.md). BENCH_CUTOVER_ARGS="--rows-per-day 50000".

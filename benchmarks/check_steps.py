@@ -1,0 +1,143 @@
+"""Each check step's seconds, cold and warm, at a small scale (`make bench-check-steps`,
+docs/performance.md, "Where the time goes").
+
+`make bench` measures the checks' share at 2.2M landing lines in about 20 minutes; this
+answers in about 4 where a check step's time goes, so a change to one check can be measured
+before the full bench. It backfills the six tables (no CRM assets) with their checks twice
+in one process: once on a new JVM, then into a new lakehouse with the JVM warm. A check that
+does nothing (`noop`, on staging/orders) runs beside them: its step is what Dagster's step
+itself costs, apart from the check's work.
+
+Prints a table per step; writes `benchmarks/results/check-steps-<time>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from dagster import AssetCheckResult, asset_check
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CRM_TABLES = {"raw/crm_customer_history", "staging/customers", "marts/fct_revenue_by_segment"}
+
+
+def _noop_check():
+    from backfill_platform.partitions import daily_partitions
+    from backfill_platform.tables import STAGING_ORDERS
+
+    @asset_check(asset=STAGING_ORDERS, name="noop", partitions_def=daily_partitions)
+    def noop() -> AssetCheckResult:
+        """Nothing: its step is Dagster's own cost of a check step."""
+        return AssetCheckResult(passed=True)
+
+    return noop
+
+
+def _step_seconds(instance, runs) -> dict[str, dict[str, float]]:
+    steps: dict[str, dict[str, float]] = {}
+    for run in runs:
+        for stat in instance.get_run_step_stats(run.run_id):
+            if stat.start_time and stat.end_time:
+                row = steps.setdefault(stat.step_key, {"seconds": 0.0, "steps": 0})
+                row["seconds"] += stat.end_time - stat.start_time
+                row["steps"] += 1
+    return steps
+
+
+def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
+    from dagster import DagsterInstance
+
+    from backfill_platform.checks import all_checks
+    from backfill_platform.definitions import all_assets, build_resources
+    from backfill_platform.partitions import daily_partitions
+    from backfill_platform.runner import backfill
+    from backfill_platform.sources.generate import generate_landing
+
+    def crm(keys) -> bool:
+        return any(k.to_user_string() in CRM_TABLES for k in keys)
+
+    assets = [a for a in all_assets if not crm(a.keys)]
+    checks = [c for c in all_checks if not crm(s.asset_key for s in c.check_specs)]
+    checks.append(_noop_check())
+    check_steps = {c.node_def.name for c in checks}
+    first = daily_partitions.start.date()
+    last = first + timedelta(days=days - 1)
+    landing = work / "landing"
+    generate_landing(landing, first, last, orders_per_day, 7, progress=False)
+    passes = {}
+    resources = None
+    for name in ("cold", "warm"):
+        lakehouse = work / f"lakehouse-{name}"
+        spark = resources["spark"] if resources else None  # the warm pass keeps the JVM
+        resources = build_resources(str(landing), str(lakehouse), spark=spark)
+        instance = DagsterInstance.ephemeral()
+        started = time.monotonic()
+        runs = backfill(
+            assets, first.isoformat(), last.isoformat(), resources, instance, per_run, None, checks
+        )
+        steps = _step_seconds(instance, runs)
+        passes[name] = {
+            "backfill_seconds": round(time.monotonic() - started, 1),
+            "runs": len(runs),
+            "asset_steps_seconds": round(
+                sum(r["seconds"] for k, r in steps.items() if k not in check_steps), 1
+            ),
+            "check_steps_seconds": round(
+                sum(r["seconds"] for k, r in steps.items() if k in check_steps), 1
+            ),
+            "steps": {
+                k: {
+                    "seconds": round(r["seconds"], 2),
+                    "steps": r["steps"],
+                    "check": k in check_steps,
+                }
+                for k, r in sorted(steps.items(), key=lambda kv: -kv[1]["seconds"])
+            },
+        }
+    return passes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=62)
+    parser.add_argument("--orders-per-day", type=int, default=3000)
+    parser.add_argument("--per-run", type=int, default=31, help="days per run")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="bench-check-steps-") as work:
+        passes = measure(args.days, args.orders_per_day, args.per_run, Path(work))
+    cold, warm = passes["cold"], passes["warm"]
+    print(
+        f"{args.days} days x {args.orders_per_day} orders, {cold['runs']} runs a pass: "
+        f"backfill {cold['backfill_seconds']} s cold, {warm['backfill_seconds']} s warm; "
+        f"check steps {cold['check_steps_seconds']} s / {warm['check_steps_seconds']} s "
+        f"against asset steps {cold['asset_steps_seconds']} s / {warm['asset_steps_seconds']} s"
+    )
+    print("| step | check | cold s | warm s | steps |")
+    print("|---|---|---:|---:|---:|")
+    for key, row in cold["steps"].items():
+        other = warm["steps"].get(key, {})
+        print(
+            f"| {key} | {'yes' if row['check'] else ''} | {row['seconds']:.2f} | "
+            f"{other.get('seconds', 0):.2f} | {row['steps']} |"
+        )
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"check-steps-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "benchmark": "check-steps",
+        "args": vars(args),
+        "passes": passes,
+    }
+    out.write_text(json.dumps(result, indent=2))
+    print(f"written {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
