@@ -2,7 +2,7 @@
 docs/performance.md, "Where the time goes").
 
 `make bench` measures the checks' share at 2.2M landing lines in about 20 minutes; this
-answers in about 4 where a check step's time goes, so a change to one check can be measured
+answers in about 2 where a check step's time goes, so a change to one check can be measured
 before the full bench. It backfills the six tables (no CRM assets) with their checks twice
 in one process: once on a new JVM, then into a new lakehouse with the JVM warm. A check that
 does nothing (`noop`, on staging/orders) runs beside them: its step is what Dagster's step
