@@ -14,7 +14,6 @@ Prints a table per step; writes `benchmarks/results/check-steps-<time>.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -23,7 +22,8 @@ from pathlib import Path
 
 from dagster import AssetCheckResult, asset_check
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import write_result
+
 CRM_TABLES = {"raw/crm_customer_history", "staging/customers", "marts/fct_revenue_by_segment"}
 
 
@@ -126,15 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             f"| {key} | {'yes' if row['check'] else ''} | {row['seconds']:.2f} | "
             f"{other.get('seconds', 0):.2f} | {row['steps']} |"
         )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"check-steps-{time.strftime('%Y%m%dT%H%M%S')}.json"
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "benchmark": "check-steps",
         "args": vars(args),
         "passes": passes,
     }
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("check-steps", result)
     print(f"written {out}")
     return 0
 

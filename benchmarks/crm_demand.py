@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import write_result
+
 LAUNCH = datetime(2024, 1, 10, tzinfo=UTC)  # benchmarks/stream.py's
 LIMIT, LIVE_RESERVE = 20, 0.25  # the contract's defaults
 BENCH_STREAM_MESSAGES = 100_000  # benchmarks/stream.py's --messages, which sizes its pool
@@ -85,15 +84,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['distinct_customers']:,} | {row['calls_per_second_needed']} | "
             f"{row['times_the_limit']} | {row['times_the_live_reserve']} |"
         )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"crm-demand-{time.strftime('%Y%m%dT%H%M%S')}.json"
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "benchmark": "crm-demand",
         "args": vars(args),
         "rows": rows,
     }
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("crm-demand", result)
     print(f"written {out}")
     return 0
 

@@ -14,7 +14,6 @@ log bytes are the commit's JSON entry. Prints a table, writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,8 @@ from pathlib import Path
 
 from dagster import AssetKey
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import write_result
+
 TABLE = "marts/fct_daily_revenue"
 
 
@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_met": growth["zero-copy"] <= 1.2
         and all(r["data_bytes_written"] == 0 for r in rows if r["mode"] == "zero-copy"),
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"cutover-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("cutover", result)
     print()
     print("| size | rows | table bytes | cutover | median s | data bytes written | log bytes |")
     print("|---|---:|---:|---|---:|---:|---:|")

@@ -24,7 +24,6 @@ table, writes `benchmarks/results/jvm-per-run-<timestamp>.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -35,9 +34,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.measure import load_average
+from benchmarks.measure import load_average, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 # The Connect client's own packages (pyspark's `connect` extra), installed by `make bench-jvm`
 # apart from the venv: the product needs none of them (377 MB with pyarrow and pandas).
@@ -186,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         own_jvm=own, connect_server_start_cpu=server_start, connect_first=first,
         connect=connect, load_after=load_average(),
     )  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"jvm-per-run-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("jvm-per-run", result)
     print("\n| way | processes | wall s (median) | machine CPU s (median, min-max) |")
     print("|---|---:|---:|---|")
     for way, runs in (("own JVM", own), ("Spark Connect, warm server", connect)):

@@ -252,3 +252,16 @@ def machine_info(spark) -> dict:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_result(name: str, result: dict, out: Path | None = None) -> Path:
+    """A run's JSON as `benchmarks/results/<name>-<time>.json` (or `out`). Git ignores these;
+    a run worth keeping is transcribed into a dated file (docs/performance.md)."""
+    if out is None:
+        RESULTS.mkdir(exist_ok=True)
+        out = RESULTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2, default=str))
+    return out

@@ -14,7 +14,6 @@ local.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from datetime import date, timedelta
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import write_result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         s3.stop()
         crm.stop()
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"object-storage-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("object-storage", result)
     print()
     print("| lakehouse + landing | seconds |")
     print("|---|---:|")

@@ -55,9 +55,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.measure import load_average
+from benchmarks.measure import load_average, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(tempfile.gettempdir()) / "soak-stream-logs"  # the soak's log and the stream's
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIRST = date(2024, 3, 1)
@@ -132,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = round(time.monotonic() - started, 1)
     _print(result)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        out = Path(args.out or RESULTS / f"soak-stream-{time.strftime('%Y%m%dT%H%M%S')}.json")
-        out.write_text(json.dumps(result, indent=2, default=str))
+        out = write_result("soak-stream", result, Path(args.out) if args.out else None)
         print(f"written {out}")
     stream_log = work / "home" / "stream" / "raw_orders_stream.log"
     if stream_log.exists():  # kept beside the soak's own log

@@ -23,7 +23,6 @@ Prints a table, writes `benchmarks/results/stream-<timestamp>.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,7 +33,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import write_result
+
 TOPIC = "orders"
 LAUNCH = datetime(2024, 1, 10, tzinfo=UTC)
 CURRENCIES = {"EUR": "1.1", "GBP": "1.3", "JPY": "0.007", "CHF": "1.1"}
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "log": str(backfill["log"]),
         }
         result["beside_backfill"] = beside
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("stream", result)
     f, a, s, b = (result[k] for k in ("first_batch", "alone", "steady", "beside_backfill"))
     reached = "staging" if args.no_marts else "the marts"
     alone_p95, beside_p95 = (60, 60) if args.no_marts else (30, 60)

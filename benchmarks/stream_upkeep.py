@@ -19,7 +19,6 @@ and the materializations written. Prints a table, writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -27,9 +26,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.measure import load_average
+from benchmarks.measure import load_average, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LAUNCH = datetime(2024, 1, 10, tzinfo=UTC)
 WAYS = ("none", "optimize", "auto")
 
@@ -57,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             result[way] = _run(work / way, broker, f"orders_{way}", way, args)
             print(f"{way}: {result[way]}", flush=True)
     result["load_after"] = load_average()
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"stream-upkeep-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result("stream-upkeep", result)
     print()
     print(
         "| way | batches | files per day at the end | small files | compactions | "
