@@ -287,6 +287,28 @@ def test_a_doubled_staging_partition_fails_accounting_and_uniqueness(copy):
 
 
 @pytest.mark.slow
+def test_a_lost_reject_fails_its_check_and_the_step_still_evaluates_the_others(copy):
+    """The staging checks share one step (checks/staging.py): a failure of one check, on
+    the rejects table, is that check's on that day; the others are evaluated as before."""
+    _rewrite(copy, STAGING_REJECTS, "ingest_date", DAYS[2], lambda df: df.limit(0))
+    result = _run_checks(copy, ["staging/orders_rejects:rejects_match_raw"])
+    evaluations = _evaluations(result)
+    rejects = evaluations["staging/orders_rejects:rejects_match_raw"]
+    assert _failed(rejects) == [DAYS[2]]
+    assert f"{DAYS[2]}: expected 1, got 0" in rejects.description
+    for check in ("accounts_for_every_raw_row", "order_id_unique", "customer_id_skew"):
+        assert evaluations[f"staging/orders:{check}"].partitions == DAYS
+    assert evaluations["staging/orders:accounts_for_every_raw_row"].passed
+    assert not result.success  # a blocking check failed: its step fails naming the day
+    failure = next(
+        e.step_failure_data.error.message
+        for e in result.all_events
+        if e.event_type == DagsterEventType.STEP_FAILURE
+    )
+    assert f"rejects_match_raw failed for 1 of 6 partition(s): {DAYS[2]}" in failure
+
+
+@pytest.mark.slow
 def test_a_wrong_revenue_sum_and_a_broken_ltv_roll_forward_fail(copy):
     plus_one = (F.col("revenue_local") + F.lit(1)).cast("decimal(38,2)")
     _rewrite(
@@ -316,6 +338,7 @@ def test_a_wrong_revenue_sum_and_a_broken_ltv_roll_forward_fail(copy):
     evaluations = _evaluations(_run_checks(copy, [fct_check, ltv_check]))
     assert _failed(evaluations[fct_check]) == [DAYS[3]]
     assert "EUR: staging" in evaluations[fct_check].description
+    assert "USD:" not in evaluations[fct_check].of(DAYS[3]).description  # only what differs
     # The corrupt snapshot fails, and so does the next one built on top of it.
     assert _failed(evaluations[ltv_check]) == [DAYS[2], DAYS[3]]
     assert "1 customer(s) differ, e.g. c3" in evaluations[ltv_check].description

@@ -12,7 +12,8 @@ its step naming those days (Dagster cannot skip part of a ranged step; see docs/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,21 @@ MAX_LISTED = 5  # failing partitions spelled out in a blocking failure
 
 # What a check op yields: its evaluations, one per partition, and its output.
 CheckEvents = Iterator[AssetCheckEvaluation | Output]
+
+
+def at_once(*queries: Callable[[], Any]) -> list[Any]:
+    """Each query's result, in order, the queries run at the same time from one thread each.
+
+    A check's queries are small next to a write: most of each one's time is the driver
+    reading a Delta snapshot, planning and waiting between stages, while the executors'
+    cores idle, so independent queries of one check overlap on one JVM instead of queueing
+    (docs/performance.md). The first query to fail raises its error here.
+    """
+    if len(queries) == 1:
+        return [queries[0]()]
+    with ThreadPoolExecutor(max_workers=len(queries), thread_name_prefix="check-query") as pool:
+        futures = [pool.submit(query) for query in queries]
+        return [future.result() for future in futures]
 
 
 def run_partitions(context: AssetCheckExecutionContext) -> DayRange:
@@ -76,6 +92,8 @@ class CheckOutcome:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     what: str = ""  # one line: what was compared
     extra_metadata: dict[str, Any] = field(default_factory=dict)
+    # Per-partition numbers added to that partition's evaluation (beside `record`'s).
+    metrics: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[PartitionResult]:
@@ -123,6 +141,7 @@ class CheckOutcome:
                     "expected": _value(r.expected),
                     "actual": _value(r.actual),
                     **({"detail": r.detail} if r.detail else {}),
+                    **dict(self.metrics.get(r.partition, {})),
                     **dict(metrics.get(r.partition, {})),
                     **self.extra_metadata,
                 },
