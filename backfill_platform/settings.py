@@ -35,6 +35,7 @@ CHECK_TRAILING_DAYS = EnvVar("BACKFILL_CHECK_TRAILING_DAYS")
 CHECK_MIN_HISTORY = EnvVar("BACKFILL_CHECK_MIN_HISTORY")
 CHECK_ROW_COUNT_FACTOR = EnvVar("BACKFILL_CHECK_ROW_COUNT_FACTOR")
 CHECK_NULL_SPIKE = EnvVar("BACKFILL_CHECK_NULL_SPIKE")
+CHECK_QUERIES_AT_ONCE = EnvVar("BACKFILL_CHECK_QUERIES_AT_ONCE")
 SKEW_WORKERS = EnvVar("BACKFILL_SKEW_WORKERS")
 SKEW_TOP_KEY_SHARE = EnvVar("BACKFILL_SKEW_TOP_KEY_SHARE")
 SKEW_NULL_SHARE = EnvVar("BACKFILL_SKEW_NULL_SHARE")
@@ -195,6 +196,12 @@ SETTINGS: tuple[Setting, ...] = (
         "BACKFILL_CHECK_NULL_SPIKE",
         "0.2",
         "a column's NULL share may exceed its baseline mean by at most this (WARN)",
+    ),
+    Setting(
+        "BACKFILL_CHECK_QUERIES_AT_ONCE",
+        "true",
+        "a check step runs its independent Spark queries at the same time, one thread each "
+        "(`false`: one after another, e.g. to compare; [checks.md](checks.md))",
     ),
     Setting(
         "BACKFILL_SKEW_WORKERS",

@@ -7,6 +7,8 @@ of that lakehouse, corrupts one table with a new Delta version through the one w
 """
 
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from datetime import date, timedelta
 
@@ -27,7 +29,7 @@ from pyspark.sql import functions as F
 
 from backfill_platform.automation.sensors import rolling_window_sensor
 from backfill_platform.checks import all_checks
-from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS
+from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS, at_once
 from backfill_platform.definitions import all_assets
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
@@ -542,6 +544,36 @@ def _evaluation(key: AssetCheckKey, partitions: list[str], failed: list[str]):
         metadata={PARTITIONS: partitions, FAILED_PARTITIONS: failed},
         severity=AssetCheckSeverity.ERROR,
     )
+
+
+@pytest.mark.parametrize("together", ["true", "false"])
+def test_queries_at_once_keep_their_order_and_raise_the_first_failure(monkeypatch, together):
+    monkeypatch.setenv("BACKFILL_CHECK_QUERIES_AT_ONCE", together)
+    # At once, no query can pass the barrier until all three are running; one after
+    # another, each runs on the caller's thread.
+    barrier = threading.Barrier(3, timeout=10)
+    threads: list[threading.Thread] = []
+
+    def query(value):
+        def run():
+            threads.append(threading.current_thread())
+            if together == "true":
+                barrier.wait()
+            time.sleep(0.05 if value == 1 else 0)  # the first finishes last
+            return value
+
+        return run
+
+    assert at_once(query(1), query(2), query(3)) == [1, 2, 3]
+    on_caller = [t is threading.current_thread() for t in threads]
+    assert on_caller == [together == "false"] * 3
+
+    def failing():
+        raise ValueError("the second query's error")
+
+    barrier = threading.Barrier(2, timeout=10)
+    with pytest.raises(ValueError, match="the second query's error"):
+        at_once(query(1), failing, query(3))
 
 
 def test_rolling_window_holds_partitions_whose_blocking_check_failed():

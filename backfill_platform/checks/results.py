@@ -33,6 +33,7 @@ from dagster import (
 
 from backfill_platform.ranges import DayRange
 from backfill_platform.refusals import refusal
+from backfill_platform.settings import CHECK_QUERIES_AT_ONCE, bool_setting
 
 # Metadata of evaluations recorded before per-partition evaluations: the partitions one
 # evaluation covered and those that failed. Still read, so older history keeps counting.
@@ -52,8 +53,8 @@ def at_once(*queries: Callable[[], Any]) -> list[Any]:
     cores idle, so independent queries of one check overlap on one JVM instead of queueing
     (docs/performance.md). The first query to fail raises its error here.
     """
-    if len(queries) == 1:
-        return [queries[0]()]
+    if len(queries) == 1 or not bool_setting(CHECK_QUERIES_AT_ONCE):
+        return [query() for query in queries]
     with ThreadPoolExecutor(max_workers=len(queries), thread_name_prefix="check-query") as pool:
         futures = [pool.submit(query) for query in queries]
         return [future.result() for future in futures]
