@@ -262,8 +262,8 @@ def rejects_vs_raw(
     rejects_version: int | None = None,
 ) -> Equation:
     """Per ingest day of `run`: staging/orders_rejects rows == raw rows rejected at parsing or
-    for an unknown currency (raw at `raw_version`,
-    the rejects at `rejects_version`; None: the current versions)."""
+    for an unknown currency (raw at `raw_version`, the rejects at `rejects_version`; None:
+    the current versions)."""
     raw = with_unknown_currency(
         lakehouse.read_partitions(RAW_ORDERS, run.start, run.end, raw_version),
         known_currencies(lakehouse),
