@@ -12,7 +12,7 @@ from decimal import Context, Decimal, localcontext
 
 from dagster import AssetCheckExecutionContext, AssetCheckSpec, AssetKey, asset_check
 from pyspark.errors import ArithmeticException
-from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from backfill_platform.checks.drift import run_commit
@@ -466,21 +466,27 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
     ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end)
     weight = _weight()  # after the read: a column needs the session the read starts
     revenue = F.col("lifetime_revenue_usd").cast(SUM_TYPE)
-    snapshot_sums = ltv.groupBy("snapshot_date").agg(
-        F.count(F.lit(1)).alias("customers"),
-        F.sum(revenue).alias("revenue"),
-        F.sum(weight).alias("w_customers"),
-        F.sum(weight * F.col("lifetime_paid_orders")).alias("w_orders"),
-        F.sum(revenue * weight.cast(WEIGHT_TYPE)).alias("w_revenue"),
-        F.sum(weight * F.unix_date("first_order_date")).alias("w_first"),
-    )
+    snapshots = {  # a sum over no value is NULL: 0 here
+        r["snapshot_date"]: {k: v or 0 for k, v in r.asDict().items()}
+        for r in ltv.groupBy("snapshot_date")
+        .agg(
+            F.count(F.lit(1)).alias("customers"),
+            F.sum(revenue).alias("revenue"),
+            F.sum(weight).alias("w_customers"),
+            F.sum(weight * F.col("lifetime_paid_orders")).alias("w_orders"),
+            F.sum(revenue * weight.cast(WEIGHT_TYPE)).alias("w_revenue"),
+            F.sum(weight * F.unix_date("first_order_date")).alias("w_first"),
+        )
+        .collect()
+    }
     paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
     # A customer is new on its first paid day in the run unless the opening snapshot has it.
     opening = ltv.where(F.col("snapshot_date") == F.lit(opening_day)).select("customer_id")
-    newcomer_sums = (
-        paid.groupBy("customer_id")
+    newcomers = {
+        r["day"]: r.asDict()
+        for r in paid.groupBy("customer_id")
         .agg(F.min("event_date").alias("day"))
         .join(opening, "customer_id", "left_anti")
         .groupBy("day")
@@ -489,29 +495,14 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
             F.sum(weight).alias("w_customers"),
             F.sum(weight * F.unix_date("day")).alias("w_first"),
         )
-    )
-    by_pair = paid.groupBy("event_date", "currency").agg(
-        F.sum("amount").alias("amount"),
-        F.sum(weight).alias("w_orders"),
-        F.sum(F.col("amount") * weight.cast(WEIGHT_TYPE)).alias("w_amount"),
-    )
-    snapshot_rows, newcomer_rows, pairs, rates = at_once(
-        snapshot_sums.collect,
-        newcomer_sums.collect,
-        by_pair.collect,
-        _day_rates(lakehouse, run).collect,
-    )
-    orders = _paid_sums(pairs, rates)
-    # a sum over no value is NULL: 0 here
-    snapshots = {
-        r["snapshot_date"]: {k: v or 0 for k, v in r.asDict().items()} for r in snapshot_rows
+        .collect()
     }
-    newcomers = {r["day"]: r.asDict() for r in newcomer_rows}
     empty = dict.fromkeys(
         ("customers", "revenue", "w_customers", "w_orders", "w_revenue", "w_first"), 0
     )
     days = {}
     with localcontext(EXACT):
+        orders = _paid_sums(lakehouse, run, paid, weight)
         for day in run.days():
             before, actual = snapshots.get(day - one_day, empty), snapshots.get(day, empty)
             paid_day, new = orders.get(day, empty), newcomers.get(day, empty)
@@ -527,33 +518,38 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
     return days
 
 
-def _day_rates(lakehouse: LakehouseResource, run: DayRange) -> DataFrame:
-    """The point-in-time rate of every known currency on every day of `run`: asked of every
-    pair rather than of those with paid orders, so it does not wait for the orders' sums."""
-    pairs = [(day, currency) for day in run.days() for currency in known_currencies(lakehouse)]
-    return point_in_time_rates(
-        lakehouse.session.createDataFrame(pairs, "event_date date, currency string"),
-        lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end),
-    )
-
-
-def _paid_sums(pairs: list[Row], rates: list[Row]) -> dict[date, dict[str, Decimal | int]]:
+def _paid_sums(
+    lakehouse: LakehouseResource, run: DayRange, paid: DataFrame, weight: Column
+) -> dict[date, dict[str, Decimal | int]]:
     """Per day: USD revenue of the paid orders, and their sums weighted by customer.
 
     An order's USD amount is its amount times the day's point-in-time rate, exactly (no
     rounding: transforms/fx.py), so the sums are taken per (day, currency) in the local
-    currency (`pairs`) and multiplied by the rate here, in exact decimals: one small
-    aggregation, not a join of every order with its rate. A pair without a rate adds
-    nothing, so its day cannot match (the LTV asset fails on it first)."""
-    rate_of = {(r["event_date"], r["currency"]): r["usd_per_unit"] for r in rates}
+    currency and multiplied by the rate here, in exact decimals: one small aggregation,
+    not a join of every order with its rate. A pair without a rate adds nothing, so its
+    day cannot match (the LTV asset fails on it first)."""
+    by_pair = paid.groupBy("event_date", "currency").agg(
+        F.sum("amount").alias("amount"),
+        F.sum(weight).alias("w_orders"),
+        F.sum(F.col("amount") * weight.cast(WEIGHT_TYPE)).alias("w_amount"),
+    )
+    pairs = by_pair.collect()
+    if not pairs:
+        return {}
+    rates = point_in_time_rates(
+        paid.sparkSession.createDataFrame(
+            [(r["event_date"], r["currency"]) for r in pairs], "event_date date, currency string"
+        ),
+        lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end),
+    )
+    rate_of = {(r["event_date"], r["currency"]): r["usd_per_unit"] for r in rates.collect()}
     sums: dict[date, dict[str, Decimal | int]] = {}
-    with localcontext(EXACT):
-        for r in pairs:
-            day = sums.setdefault(r["event_date"], {"revenue": 0, "w_orders": 0, "w_revenue": 0})
-            rate = rate_of.get((r["event_date"], r["currency"])) or 0
-            day["revenue"] += r["amount"] * rate
-            day["w_orders"] += r["w_orders"]
-            day["w_revenue"] += r["w_amount"] * rate
+    for r in pairs:
+        day = sums.setdefault(r["event_date"], {"revenue": 0, "w_orders": 0, "w_revenue": 0})
+        rate = rate_of.get((r["event_date"], r["currency"])) or 0
+        day["revenue"] += r["amount"] * rate
+        day["w_orders"] += r["w_orders"]
+        day["w_revenue"] += r["w_amount"] * rate
     return sums
 
 
