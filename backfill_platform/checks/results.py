@@ -93,8 +93,6 @@ class CheckOutcome:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     what: str = ""  # one line: what was compared
     extra_metadata: dict[str, Any] = field(default_factory=dict)
-    # Per-partition numbers added to that partition's evaluation (beside `record`'s).
-    metrics: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[PartitionResult]:
@@ -142,7 +140,6 @@ class CheckOutcome:
                     "expected": _value(r.expected),
                     "actual": _value(r.actual),
                     **({"detail": r.detail} if r.detail else {}),
-                    **dict(self.metrics.get(r.partition, {})),
                     **dict(metrics.get(r.partition, {})),
                     **self.extra_metadata,
                 },
