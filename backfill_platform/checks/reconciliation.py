@@ -375,27 +375,22 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
             results.append(PartitionResult(day, "no orders", "no rows", True))
             metrics[day] = {"orders": 0, "paid_orders": 0, "revenue_usd": 0.0}
             continue
-        total = {side: {"orders": 0, "paid": 0} for side in ("s", "f")}
-        differing, usd = [], Decimal(0)
-        for currency, pair in sorted(pairs.items()):
-            s, f = pair.get("s"), pair.get("f")
-            for side, row in (("s", s), ("f", f)):
-                if row:
-                    total[side]["orders"] += row["orders"]
-                    total[side]["paid"] += row["paid"]
-            if f and f["usd"] is not None:
-                usd += f["usd"]
-            if _triple(s) != _triple(f):
-                differing.append(f"{currency}: staging {_shown(s)} vs fct {_shown(f)}")
-        s_total, f_total = total["s"], total["f"]
-        expected = f"{s_total['orders']} orders, {s_total['paid']} paid"
-        actual = f"{f_total['orders']} orders, {f_total['paid']} paid"
+        differing = [
+            f"{currency}: staging {_shown(pair.get('s'))} vs fct {_shown(pair.get('f'))}"
+            for currency, pair in sorted(pairs.items())
+            if _triple(pair.get("s")) != _triple(pair.get("f"))
+        ]
+        staged_rows = [pair["s"] for pair in pairs.values() if "s" in pair]
+        fct_rows = [pair["f"] for pair in pairs.values() if "f" in pair]
+        orders, paid_orders = sum(r["orders"] for r in fct_rows), sum(r["paid"] for r in fct_rows)
+        expected = (
+            f"{sum(r['orders'] for r in staged_rows)} orders, "
+            f"{sum(r['paid'] for r in staged_rows)} paid"
+        )
+        actual = f"{orders} orders, {paid_orders} paid"
         results.append(PartitionResult(day, expected, actual, not differing, "; ".join(differing)))
-        metrics[day] = {
-            "orders": f_total["orders"],
-            "paid_orders": f_total["paid"],
-            "revenue_usd": float(usd),
-        }
+        usd = sum((r["usd"] for r in fct_rows if r["usd"] is not None), Decimal(0))
+        metrics[day] = {"orders": orders, "paid_orders": paid_orders, "revenue_usd": float(usd)}
     outcome = CheckOutcome(
         "matches_staging_orders",
         FCT_DAILY_REVENUE,
