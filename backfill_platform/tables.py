@@ -121,6 +121,11 @@ TABLES: tuple[Table, ...] = (
         ("orders", "paid_orders", "revenue_usd"),
     ),
 )
+# What a run keeps in memory of the ranges it writes (lakehouse.py `KeptRange`): the tables
+# its later steps read over exactly that range. Not customer_ltv (its rows are many and its
+# one reader, the roll-forward check, also reads the day before) nor the FX rates (read with
+# the days before the range): keeping them cost their writes more than it saved.
+KEPT_IN_RUN = frozenset({STAGING_ORDERS, STAGING_REJECTS, FCT_DAILY_REVENUE})
 # Raw tables fed by the CRM rather than the landing zone: they run after staging/orders.
 CRM_FED_RAW = (RAW_CRM_HISTORY,)
 TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)

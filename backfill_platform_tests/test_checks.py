@@ -6,6 +6,8 @@ of that lakehouse, corrupts one table with a new Delta version through the one w
 (`LakehouseResource.replace_range`) and runs only the checks in question over the range.
 """
 
+import contextlib
+import io
 import shutil
 import threading
 import time
@@ -15,7 +17,9 @@ from datetime import date, timedelta
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckExecutionContext,
     AssetCheckKey,
+    AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
     AssetMaterialization,
@@ -23,16 +27,19 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     SkipReason,
+    asset_check,
     build_sensor_context,
 )
 from pyspark.sql import functions as F
 
 from backfill_platform.automation.sensors import rolling_window_sensor
 from backfill_platform.checks import all_checks
-from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS, at_once
+from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS, at_once, run_partitions
 from backfill_platform.definitions import all_assets
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
+from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources import lakehouse as lakehouse_module
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -539,6 +546,33 @@ def _evaluation(key: AssetCheckKey, partitions: list[str], failed: list[str]):
         metadata={PARTITIONS: partitions, FAILED_PARTITIONS: failed},
         severity=AssetCheckSeverity.ERROR,
     )
+
+
+def test_a_runs_checks_read_the_range_it_wrote_from_memory_until_the_run_ends(copy):
+    """Dagster gives the IO manager and the checks two instances of the lakehouse; the range
+    the run wrote is read from memory by the checks too, and released when the run ends."""
+
+    @asset_check(asset=STAGING_ORDERS, name="reads_from_memory", partitions_def=daily_partitions)
+    def reads_from_memory(
+        context: AssetCheckExecutionContext, lakehouse: LakehouseResource
+    ) -> AssetCheckResult:
+        run = run_partitions(context)
+        plan = io.StringIO()
+        with contextlib.redirect_stdout(plan):
+            lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).explain()
+        return AssetCheckResult(passed="InMemory" in plan.getvalue())
+
+    result = materialize_range(
+        [*all_assets, reads_from_memory],
+        DAYS[0],
+        DAYS[-1],
+        copy.resources,
+        copy.instance,
+        selection=AssetSelection.assets(STAGING_ORDERS),
+    )
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "reads_from_memory" and evaluation.passed
+    assert lakehouse_module._KEPT_BY_RUN == {}
 
 
 @pytest.mark.parametrize("together", ["true", "false"])

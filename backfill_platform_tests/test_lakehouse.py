@@ -123,6 +123,48 @@ def test_a_shared_table_is_replaced_on_its_partitions_alone_until_another_writer
     assert lake.current_version(name) == version
 
 
+def test_a_run_reads_what_it_wrote_from_memory_while_the_table_holds_it(lake, spark, capsys):
+    """A kept range is read from memory at its write's version only, and reads exactly as
+    the table does; a wider range, an older version or the range after another writer's
+    commit is read from the table, and a shared table is never kept."""
+    jan = [date(2024, 1, day) for day in range(1, 5)]
+    lake.replace_range(
+        TABLE, _days(spark, [("2024-01-01", 1), ("2024-01-02", 2)]), "d", jan[0], jan[2], {}
+    )
+    lake.replace_range(
+        TABLE,
+        _days(spark, [("2024-01-02", 20), ("2024-01-03", 30)]),
+        "d",
+        jan[1],
+        jan[3],
+        {},
+        keep=True,
+    )
+
+    def read(start, end, version=None, name=TABLE, column="d"):
+        df = lake.read_range(name, column, start, end, version)
+        df.explain()
+        return sorted(tuple(r)[:2] for r in df.collect()), "InMemory" in capsys.readouterr().out
+
+    written = [(date(2024, 1, 2), 20), (date(2024, 1, 3), 30)]
+    assert read(jan[1], jan[3]) == (written, True)
+    assert read(jan[1], jan[3], version=1) == (written, True)
+    assert read(jan[2], jan[3]) == (written[1:], True)
+    assert read(jan[0], jan[3]) == ([(jan[0], 1), *written], False)  # wider: the table
+    assert read(jan[0], jan[2], version=0) == ([(jan[0], 1), (jan[1], 2)], False)
+    assert read(jan[3], date(2024, 1, 5)) == ([], False)  # outside what was kept
+    lake.replace_range(TABLE, _days(spark, [("2024-01-03", 31)]), "d", jan[2], jan[3], {})
+    assert read(jan[1], jan[3]) == ([written[0], (jan[2], 31)], False)
+
+    shared = spark.createDataFrame([("2024-01-01", 1, None)], "d string, v int, kafka_topic string")
+    rows = shared.select(F.to_date("d").alias("ingest_date"), "v", "kafka_topic")
+    lake.replace_range("raw/orders", rows, "ingest_date", jan[0], jan[1], {}, keep=True)
+    assert read(jan[0], jan[1], name="raw/orders", column="ingest_date") == (
+        [(jan[0], 1)],
+        False,
+    )
+
+
 def test_new_columns_are_added_dropped_or_retyped_columns_refused(lake, spark):
     day = (date(2024, 1, 1), date(2024, 1, 2))
     lake.replace_range(TABLE, _days(spark, [("2024-01-01", 1)]), "d", *day, {})

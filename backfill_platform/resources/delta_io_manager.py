@@ -26,7 +26,7 @@ from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
 from backfill_platform.resources.lakehouse import LakehouseResource
-from backfill_platform.tables import production_key, run_shadow_suffix
+from backfill_platform.tables import KEPT_IN_RUN, production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 # Output metadata key: the Delta version of each input table the output was computed from,
@@ -77,6 +77,7 @@ class DeltaIOManager(ConfigurableIOManager):
             start=window.start.date(),
             end=window.end.date(),
             user_metadata=commit_metadata(context),
+            keep=key in KEPT_IN_RUN,
         )
         context.add_output_metadata(
             {

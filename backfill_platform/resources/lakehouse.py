@@ -91,6 +91,28 @@ class CommitInfo:
 
 
 @dataclass(frozen=True)
+class KeptRange:
+    """The rows one commit wrote over [start, end) of `column`, persisted in memory.
+
+    A commit that replaces the whole range makes the table at `version`, restricted to that
+    range, exactly these rows; so a later step of the same run reads them from memory
+    instead of building the table's snapshot again and decoding its files.
+    """
+
+    version: int
+    column: str
+    start: date
+    end: date
+    frame: DataFrame  # the persisted frame, its columns in the table's order
+    persisted: DataFrame  # what `unpersist` releases
+
+
+# Run id -> what the run kept. Dagster sets up the IO manager's lakehouse and the one the
+# assets and checks are given as two instances; the run's kept ranges are one for both.
+_KEPT_BY_RUN: dict[str, dict[str, KeptRange]] = {}
+
+
+@dataclass(frozen=True)
 class TableDetail:
     """DESCRIBE DETAIL of a table: its live files as the Delta log counts them."""
 
@@ -146,14 +168,21 @@ class LakehouseResource(ConfigurableResource):
     # LTV's seeded previous snapshot), so the production code runs unchanged beside production.
     _run_shadow_suffix: str | None = PrivateAttr(default=None)
     _run_shadows: dict[str, bool] = PrivateAttr(default_factory=dict)
+    # Storage path -> the range the run last wrote there (`replace_range(keep=True)`).
+    _kept: dict[str, KeptRange] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._run_shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
         self._run_shadows = {}
+        self._kept = _KEPT_BY_RUN.setdefault(context.run_id, {}) if context.run_id else {}
         if context.run is not None:
             # Every run of the code location sets this resource up, the daemon's included:
             # the one place to give the run's instance pooled, batched event writes.
             record_run_events(context.instance)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for kept in _KEPT_BY_RUN.pop(context.run_id, {}).values():
+            kept.persisted.unpersist()
 
     @property
     def session(self) -> SparkSession:
@@ -248,7 +277,23 @@ class LakehouseResource(ConfigurableResource):
     def read_range(
         self, key: AssetKey | str, column: str, start: date, end: date, version: int | None = None
     ) -> DataFrame:
-        """Rows with start <= column < end (partition pruning does the rest)."""
+        """Rows with start <= column < end (partition pruning does the rest).
+
+        A range inside one this run wrote and kept (`replace_range(keep=True)`) comes from
+        memory when the version asked for (None: the current one) is the version that write
+        made. A wider range is read from the table alone: the kept rows joined to the rest
+        from the table measured no faster in a run (the LTV roll-forward reads the day
+        before its range too).
+        """
+        kept = self._kept.get(self.table_path(key))
+        if (
+            kept is not None
+            and kept.column == column
+            and kept.start <= start
+            and end <= kept.end
+            and kept.version == (self.current_version(key) if version is None else version)
+        ):
+            return kept.frame.where(_range_predicate(column, start, end))
         return self.read(key, version).where(_range_predicate(column, start, end))
 
     def read_partitions(
@@ -340,8 +385,14 @@ class LakehouseResource(ConfigurableResource):
         start: date,
         end: date,
         user_metadata: Mapping[str, Any],
+        keep: bool = False,
     ) -> CommitInfo:
         """Replace exactly the rows with start <= partition_column < end by `df`, atomically.
+
+        With `keep`, `df` is persisted by the write itself and kept for the rest of the run
+        (`read_range`): the run's later steps and checks read the range from memory. A table
+        another writer shares (`Table.owned_rows`) is never kept: its range holds more rows
+        than this write's.
 
         Delta checks every written row against the replaceWhere predicate and aborts the
         commit if one falls outside it, so out-of-range rows leave the table untouched.
@@ -419,7 +470,36 @@ class LakehouseResource(ConfigurableResource):
                     ) from error
                 return self._find_commit(key, token)
 
-        return self._retrying_conflicts(name, f"[{start}, {end})", attempt, metadata)
+        keep = keep and name not in _OWNED
+        if keep:
+            df = df.persist()
+        try:
+            commit = self._retrying_conflicts(name, f"[{start}, {end})", attempt, metadata)
+        except BaseException:
+            if keep:
+                df.unpersist()
+            raise
+        if keep:
+            self._keep(key, commit.version, partition_column, start, end, df)
+        return commit
+
+    def _keep(
+        self, key: AssetKey | str, version: int, column: str, start: date, end: date, df: DataFrame
+    ) -> None:
+        """Keep `df` as the range's rows at `version`, unless the table's columns are not
+        exactly the frame's (an older column the write left NULL, a type Delta cast): memory
+        must read as the table does."""
+        schema = self.read(key, version).schema
+        if {f.name: f.dataType for f in df.schema.fields} != {
+            f.name: f.dataType for f in schema.fields
+        }:
+            df.unpersist()
+            return
+        previous = self._kept.pop(self.table_path(key), None)
+        if previous is not None:
+            previous.persisted.unpersist()
+        frame = df.select(*schema.fieldNames())
+        self._kept[self.table_path(key)] = KeptRange(version, column, start, end, frame, df)
 
     def adopt_range(
         self,
