@@ -36,6 +36,7 @@ CHECK_MIN_HISTORY = EnvVar("BACKFILL_CHECK_MIN_HISTORY")
 CHECK_ROW_COUNT_FACTOR = EnvVar("BACKFILL_CHECK_ROW_COUNT_FACTOR")
 CHECK_NULL_SPIKE = EnvVar("BACKFILL_CHECK_NULL_SPIKE")
 CHECK_QUERIES_AT_ONCE = EnvVar("BACKFILL_CHECK_QUERIES_AT_ONCE")
+KEEP_WRITTEN_RANGES = EnvVar("BACKFILL_KEEP_WRITTEN_RANGES")
 SKEW_WORKERS = EnvVar("BACKFILL_SKEW_WORKERS")
 SKEW_TOP_KEY_SHARE = EnvVar("BACKFILL_SKEW_TOP_KEY_SHARE")
 SKEW_NULL_SHARE = EnvVar("BACKFILL_SKEW_NULL_SHARE")
@@ -202,6 +203,14 @@ SETTINGS: tuple[Setting, ...] = (
         "true",
         "a check step runs its independent Spark queries at the same time, one thread each "
         "(`false`: one after another, e.g. to compare; [checks.md](checks.md))",
+    ),
+    Setting(
+        "BACKFILL_KEEP_WRITTEN_RANGES",
+        "true",
+        "a run keeps in memory the range it writes of staging/orders, its rejects and "
+        "fct_daily_revenue, and its later steps and checks read it there (`false`: from Delta, "
+        "e.g. to compare, or where the driver's memory is short; "
+        "[performance.md](performance.md))",
     ),
     Setting(
         "BACKFILL_SKEW_WORKERS",

@@ -26,6 +26,7 @@ from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation
 
 from backfill_platform.resources.lakehouse import LakehouseResource
+from backfill_platform.settings import KEEP_WRITTEN_RANGES, bool_setting
 from backfill_platform.tables import KEPT_IN_RUN, production_key, run_shadow_suffix
 
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
@@ -77,7 +78,10 @@ class DeltaIOManager(ConfigurableIOManager):
             start=window.start.date(),
             end=window.end.date(),
             user_metadata=commit_metadata(context),
-            keep=key in KEPT_IN_RUN,
+            # A shadow's lakehouse is built per call, so no later step could read its keep.
+            keep=lakehouse is self.lakehouse
+            and key in KEPT_IN_RUN
+            and bool_setting(KEEP_WRITTEN_RANGES),
         )
         context.add_output_metadata(
             {
