@@ -417,6 +417,7 @@ class LakehouseResource(ConfigurableResource):
         def attempt() -> CommitInfo:
             with self.table_lock(key):
                 current = self.read(key).schema if self.exists(key) else None
+                columns_before[:] = current.fieldNames() if current else []
                 owned = _OWNED.get(name) and table(name).owned_predicate(
                     (df.schema if current is None else current).fieldNames()
                 )
@@ -471,6 +472,7 @@ class LakehouseResource(ConfigurableResource):
                 return self._find_commit(key, token)
 
         keep = keep and name not in _OWNED
+        columns_before: list[str] = []  # the table's columns before the write, in order
         if keep:
             df = df.persist()
         try:
@@ -480,26 +482,16 @@ class LakehouseResource(ConfigurableResource):
                 df.unpersist()
             raise
         if keep:
-            self._keep(key, commit.version, partition_column, start, end, df)
+            # The table's columns now: the ones it had (a write never drops or retypes one),
+            # then those the write added, in the frame's order.
+            columns = columns_before + [c for c in df.columns if c not in columns_before]
+            previous = self._kept.pop(self.table_path(key), None)
+            if previous is not None:
+                previous.persisted.unpersist()
+            self._kept[self.table_path(key)] = KeptRange(
+                commit.version, partition_column, start, end, df.select(*columns), df
+            )
         return commit
-
-    def _keep(
-        self, key: AssetKey | str, version: int, column: str, start: date, end: date, df: DataFrame
-    ) -> None:
-        """Keep `df` as the range's rows at `version`, unless the table's columns are not
-        exactly the frame's (an older column the write left NULL, a type Delta cast): memory
-        must read as the table does."""
-        schema = self.read(key, version).schema
-        if {f.name: f.dataType for f in df.schema.fields} != {
-            f.name: f.dataType for f in schema.fields
-        }:
-            df.unpersist()
-            return
-        previous = self._kept.pop(self.table_path(key), None)
-        if previous is not None:
-            previous.persisted.unpersist()
-        frame = df.select(*schema.fieldNames())
-        self._kept[self.table_path(key)] = KeptRange(version, column, start, end, frame, df)
 
     def adopt_range(
         self,
