@@ -7,6 +7,7 @@ sensors hold the failing partitions (see automation/window_sensor.py).
 """
 
 import json
+from collections.abc import Callable
 from datetime import date, timedelta
 from decimal import Context, Decimal, localcontext
 
@@ -156,12 +157,21 @@ def staging_accounts_for_raw(
     arrived after staging was built makes it fail until staging is rebuilt, which is what
     "staging does not account for raw" means.
     """
+    yield from _against_raw(context, lakehouse, STAGING_ORDERS, staging_vs_raw)
+
+
+def _against_raw(
+    context: AssetCheckExecutionContext,
+    lakehouse: LakehouseResource,
+    key: AssetKey,
+    equation: Callable[[LakehouseResource, DayRange, int | None, int | None], Equation],
+) -> CheckEvents:
+    """`equation` over the check's run, `key` at the version the run committed and raw at
+    the version that write read (`versions_written`), its metrics logged per partition."""
     run = run_partitions(context)
-    staging_version, raw_version = versions_written(
-        context, lakehouse, STAGING_ORDERS, RAW_ORDERS, run
-    )
-    outcome, metrics = staging_vs_raw(lakehouse, run, raw_version, staging_version)
-    log_partition_metrics(context, STAGING_ORDERS, metrics)
+    version, raw_version = versions_written(context, lakehouse, key, RAW_ORDERS, run)
+    outcome, metrics = equation(lakehouse, run, raw_version, version)
+    log_partition_metrics(context, key, metrics)
     yield from record(context, outcome, metrics=metrics)
 
 
@@ -266,13 +276,7 @@ def rejects_match_raw(
     """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
     in the run that wrote the rejects at the versions it committed and read (see
     `staging_accounts_for_raw`)."""
-    run = run_partitions(context)
-    rejects_version, raw_version = versions_written(
-        context, lakehouse, STAGING_REJECTS, RAW_ORDERS, run
-    )
-    outcome, metrics = rejects_vs_raw(lakehouse, run, raw_version, rejects_version)
-    log_partition_metrics(context, STAGING_REJECTS, metrics)
-    yield from record(context, outcome, metrics=metrics)
+    yield from _against_raw(context, lakehouse, STAGING_REJECTS, rejects_vs_raw)
 
 
 def rejects_vs_raw(
