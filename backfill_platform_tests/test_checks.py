@@ -296,13 +296,18 @@ def test_a_doubled_staging_partition_fails_accounting_and_uniqueness(copy):
 
 
 @pytest.mark.slow
-def test_a_lost_reject_fails_rejects_match_raw_naming_the_day(copy):
+def test_a_lost_reject_fails_its_check_and_the_step_still_evaluates_the_others(copy):
+    """The staging checks share one step (checks/staging.py): a failure of one check, on
+    the rejects table, is that check's on that day; the others are evaluated as before."""
     _rewrite(copy, STAGING_REJECTS, "ingest_date", DAYS[2], lambda df: df.limit(0))
     result = _run_checks(copy, ["staging/orders_rejects:rejects_match_raw"])
-    rejects = _evaluations(result)["staging/orders_rejects:rejects_match_raw"]
-    assert rejects.partitions == DAYS
+    evaluations = _evaluations(result)
+    rejects = evaluations["staging/orders_rejects:rejects_match_raw"]
     assert _failed(rejects) == [DAYS[2]]
     assert f"{DAYS[2]}: expected 1, got 0" in rejects.description
+    for check in ("accounts_for_every_raw_row", "order_id_unique", "customer_id_skew"):
+        assert evaluations[f"staging/orders:{check}"].partitions == DAYS
+    assert evaluations["staging/orders:accounts_for_every_raw_row"].passed
     assert not result.success  # a blocking check failed: its step fails naming the day
     failure = next(
         e.step_failure_data.error.message
@@ -310,6 +315,27 @@ def test_a_lost_reject_fails_rejects_match_raw_naming_the_day(copy):
         if e.event_type == DagsterEventType.STEP_FAILURE
     )
     assert f"rejects_match_raw failed for 1 of 6 partition(s): {DAYS[2]}" in failure
+
+
+@pytest.mark.slow
+def test_the_staging_step_runs_only_the_checks_a_run_selects(copy):
+    """The daemon launches runs selecting part of the shared step (staging/orders' checks
+    without the rejects'): the step runs and evaluates only those, each per day."""
+    _rewrite(copy, STAGING_REJECTS, "ingest_date", DAYS[2], lambda df: df.limit(0))
+    chosen = ["staging/orders:accounts_for_every_raw_row", "staging/orders:order_id_unique"]
+    result = materialize_range(
+        ASSETS_AND_CHECKS,
+        DAYS[0],
+        DAYS[-1],
+        copy.resources,
+        copy.instance,
+        selection=AssetSelection.checks(*(_check_key(c) for c in chosen)),
+        raise_on_error=False,
+    )
+    evaluations = _evaluations(result)
+    assert result.success  # the lost reject is the rejects' check's, which did not run
+    assert sorted(evaluations) == chosen
+    assert all(evaluations[c].partitions == DAYS and evaluations[c].passed for c in chosen)
 
 
 @pytest.mark.slow

@@ -4,14 +4,12 @@ from dagster import AssetCheckKey, AssetKey
 
 from backfill_platform.checks.crm import crm_checks
 from backfill_platform.checks.drift import drift_checks
-from backfill_platform.checks.quality import quality_checks
 from backfill_platform.checks.reconciliation import reconciliation_checks
-from backfill_platform.checks.skew import skew_checks
+from backfill_platform.checks.staging import staging_checks
 
 all_checks = [
     *reconciliation_checks,
-    *quality_checks,
-    *skew_checks,
+    *staging_checks,
     *drift_checks,
     *crm_checks,
 ]

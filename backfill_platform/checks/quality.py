@@ -1,31 +1,21 @@
 """Quality of staging/orders per event day: keys, required values, volume and NULL rates.
 
-One multi-check, one Spark aggregation: per event day of the run and of the trailing window
-before it, rows, distinct order_ids and the NULL count of every column. Unique keys and
-required values are ERROR and blocking (a duplicate order doubles revenue downstream); the
-volume and NULL-rate comparisons with the trailing window are WARN (real days do vary).
+Four checks, one Spark aggregation (in the step of checks/staging.py): per event day of the
+run and of the trailing window before it, rows, distinct order_ids and the NULL count of
+every column. Unique keys and required values are ERROR and blocking (a duplicate order
+doubles revenue downstream); the volume and NULL-rate comparisons with the trailing window
+are WARN (real days do vary).
 """
 
 from datetime import timedelta
 from statistics import mean, median
 
-from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    TimeWindow,
-    multi_asset_check,
-)
+from dagster import AssetCheckSeverity, AssetCheckSpec
 from pyspark.sql import functions as F
 
-from backfill_platform.checks.results import (
-    CheckEvents,
-    CheckOutcome,
-    PartitionResult,
-    record,
-    run_partitions,
-)
+from backfill_platform.checks.results import CheckOutcome, PartitionResult
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange, keys_in_window
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import (
     CHECK_MIN_HISTORY,
@@ -56,26 +46,19 @@ VOLUME = "row_count_within_trailing_bounds"
 NULL_SPIKE = "null_rate_within_trailing_bounds"
 
 
-@multi_asset_check(
-    specs=[
-        AssetCheckSpec(name, asset=STAGING_ORDERS, blocking=blocks, partitions_def=daily_partitions)
-        for name, blocks in ((UNIQUE, True), (NOT_NULL, True), (VOLUME, False), (NULL_SPIKE, False))
-    ],
-    name="staging_orders_quality",
-)
-def staging_orders_quality(
-    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> CheckEvents:
+QUALITY_SPECS = [
+    AssetCheckSpec(name, asset=STAGING_ORDERS, blocking=blocks, partitions_def=daily_partitions)
+    for name, blocks in ((UNIQUE, True), (NOT_NULL, True), (VOLUME, False), (NULL_SPIKE, False))
+]
+
+
+def quality_outcomes(lakehouse: LakehouseResource, run: DayRange) -> list[CheckOutcome]:
     """order_id unique and required columns set per event day (ERROR, blocking); row count
     and per-column NULL rate within bounds of the trailing window's (WARN)."""
-    run = run_partitions(context)
     trailing_days = int(setting(CHECK_TRAILING_DAYS))
-    window = TimeWindow(
-        context.op_execution_context.partition_time_window.start - timedelta(days=trailing_days),
-        context.op_execution_context.partition_time_window.end,
-    )
-    all_keys = daily_partitions.get_partition_keys_in_time_window(window)
-    staged = lakehouse.read_partitions(STAGING_ORDERS, window.start.date(), window.end.date())
+    window_start = run.start - timedelta(days=trailing_days)
+    all_keys = keys_in_window(window_start, run.end)
+    staged = lakehouse.read_partitions(STAGING_ORDERS, window_start, run.end)
     columns = [c for c in staged.columns if not c.startswith("_") and c != DAY]
     profiled = [c for c in columns if c not in SOURCE_COORDINATES]
     stats = {
@@ -113,8 +96,7 @@ def staging_orders_quality(
         volume.append(_volume(key, rows, [h["rows"] for h in history], factor, min_history))
         spikes.append(_null_spike(key, rows, nulls, history, profiled, spike, min_history))
 
-    yield from record(
-        context,
+    return [
         CheckOutcome(UNIQUE, STAGING_ORDERS, unique, what="order_id unique per event day"),
         CheckOutcome(
             NOT_NULL, STAGING_ORDERS, not_null, what=f"no NULL in {', '.join(REQUIRED_COLUMNS)}"
@@ -134,7 +116,7 @@ def staging_orders_quality(
             severity=AssetCheckSeverity.WARN,
             what=f"NULL share per column at most {spike:g} above its trailing mean",
         ),
-    )
+    ]
 
 
 def _describe(counts: dict[str, int], unit: str) -> str:
@@ -183,6 +165,3 @@ def _null_spike(
         not spiking,
         ", ".join(f"{c}: {r:.3f} vs trailing {baseline[c]:.3f}" for c, r in spiking.items()),
     )
-
-
-quality_checks = [staging_orders_quality]

@@ -7,11 +7,10 @@ sensors hold the failing partitions (see automation/window_sensor.py).
 """
 
 import json
-from collections.abc import Callable
 from datetime import date, timedelta
 from decimal import Context, Decimal, localcontext
 
-from dagster import AssetCheckExecutionContext, AssetKey, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckSpec, AssetKey, asset_check
 from pyspark.errors import ArithmeticException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -131,48 +130,15 @@ def raw_vs_landing(
     return outcome, metrics
 
 
-@asset_check(
+ACCOUNTS_SPEC = AssetCheckSpec(
+    "accounts_for_every_raw_row",
     asset=STAGING_ORDERS,
-    name="accounts_for_every_raw_row",
     blocking=True,
     partitions_def=daily_partitions,
     additional_deps=[RAW_ORDERS],
+    description="Per event day D: raw rows carrying D == distinct orders + superseded "
+    "versions + rejects (staging_vs_raw).",
 )
-def staging_accounts_for_raw(
-    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> CheckEvents:
-    """Per event day D: raw rows carrying D == distinct orders + superseded versions + rejects.
-
-    Left side: raw/orders rows that parse as valid orders with event_date D, from every ingest
-    day (late arrivals and re-deliveries included). Right side: staging's orders of D
-    (latest wins), plus the versions each one superseded (`raw_versions` - 1 per order:
-    duplicates and older updates), plus D's rows rejected for an unknown currency. Lines
-    rejected at parsing carry no event day; the `rejects_match_raw` check counts them by
-    ingest day. In the run that built staging, the check proves that run's commit against
-    what it read: staging at the version the run committed, raw at the version it read
-    (recorded on the commit). The live stream appends to raw, and with
-    BACKFILL_STREAM_STAGING replaces staging's days, while a backfill runs; what it wrote
-    after the run read or committed is the stream's (or the next window run's), not this
-    run's failure. A check run on its own reads the current tables, so a raw row that
-    arrived after staging was built makes it fail until staging is rebuilt, which is what
-    "staging does not account for raw" means.
-    """
-    yield from _against_raw(context, lakehouse, STAGING_ORDERS, staging_vs_raw)
-
-
-def _against_raw(
-    context: AssetCheckExecutionContext,
-    lakehouse: LakehouseResource,
-    key: AssetKey,
-    equation: Callable[[LakehouseResource, DayRange, int | None, int | None], Equation],
-) -> CheckEvents:
-    """`equation` over the check's run, `key` at the version the run committed and raw at
-    the version that write read (`versions_written`), its metrics logged per partition."""
-    run = run_partitions(context)
-    version, raw_version = versions_written(context, lakehouse, key, RAW_ORDERS, run)
-    outcome, metrics = equation(lakehouse, run, raw_version, version)
-    log_partition_metrics(context, key, metrics)
-    yield from record(context, outcome, metrics=metrics)
 
 
 def versions_written(
@@ -210,8 +176,23 @@ def staging_vs_raw(
     raw_version: int | None = None,
     staging_version: int | None = None,
 ) -> Equation:
-    """The equation of `staging_accounts_for_raw` over `run`'s days, raw at
-    `raw_version` and staging at `staging_version` (None: the current versions)."""
+    """Per event day D of `run`: raw rows carrying D == distinct orders + superseded versions
+    + rejects, raw at `raw_version` and staging at `staging_version` (None: the current
+    versions).
+
+    Left side: raw/orders rows that parse as valid orders with event_date D, from every ingest
+    day (late arrivals and re-deliveries included). Right side: staging's orders of D
+    (latest wins), plus the versions each one superseded (`raw_versions` - 1 per order:
+    duplicates and older updates), plus D's rows rejected for an unknown currency. Lines
+    rejected at parsing carry no event day; `rejects_vs_raw` counts them by ingest day. In
+    the run that built staging, the check proves that run's commit against what it read:
+    staging at the version the run committed, raw at the version it read (recorded on the
+    commit). The live stream appends to raw, and with BACKFILL_STREAM_STAGING replaces
+    staging's days, while a backfill runs; what it wrote after the run read or committed is
+    the stream's (or the next window run's), not this run's failure. A check run on its own
+    reads the current tables, so a raw row that arrived after staging was built makes it
+    fail until staging is rebuilt, which is what "staging does not account for raw" means.
+    """
     in_range = (F.col("event_date") >= F.lit(run.start)) & (F.col("event_date") < F.lit(run.end))
     raw = with_unknown_currency(
         lakehouse.read(RAW_ORDERS, raw_version).where(in_range & F.col("reject_reason").isNull()),
@@ -263,20 +244,15 @@ def staging_vs_raw(
     return outcome, metrics
 
 
-@asset_check(
+REJECTS_SPEC = AssetCheckSpec(
+    "rejects_match_raw",
     asset=STAGING_REJECTS,
-    name="rejects_match_raw",
     blocking=True,
     partitions_def=daily_partitions,
     additional_deps=[RAW_ORDERS],
+    description="Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or "
+    "currency), at the versions the run committed and read (rejects_vs_raw).",
 )
-def rejects_match_raw(
-    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> CheckEvents:
-    """Per ingest day: staging/orders_rejects rows == raw rows rejected (parse or currency),
-    in the run that wrote the rejects at the versions it committed and read (see
-    `staging_accounts_for_raw`)."""
-    yield from _against_raw(context, lakehouse, STAGING_REJECTS, rejects_vs_raw)
 
 
 def rejects_vs_raw(
@@ -285,8 +261,9 @@ def rejects_vs_raw(
     raw_version: int | None = None,
     rejects_version: int | None = None,
 ) -> Equation:
-    """The equation of `rejects_match_raw` over `run`'s partitions (raw at `raw_version`,
-    the rejects at `rejects_version`; None: the current versions)."""
+    """Per ingest day of `run`: staging/orders_rejects rows == raw rows rejected at parsing or
+    for an unknown currency (raw at `raw_version`, the rejects at `rejects_version`; None:
+    the current versions)."""
     raw = with_unknown_currency(
         lakehouse.read_partitions(RAW_ORDERS, run.start, run.end, raw_version),
         known_currencies(lakehouse),
@@ -681,8 +658,6 @@ def layer_equation(
 
 reconciliation_checks = [
     raw_rows_match_landing,
-    staging_accounts_for_raw,
-    rejects_match_raw,
     fct_matches_staging,
     ltv_rolls_forward,
 ]

@@ -53,7 +53,7 @@ def at_once(*queries: Callable[[], Any]) -> list[Any]:
     cores idle, so independent queries of one check overlap on one JVM instead of queueing
     (docs/performance.md). The first query to fail raises its error here.
     """
-    if len(queries) == 1 or not bool_setting(CHECK_QUERIES_AT_ONCE):
+    if len(queries) <= 1 or not bool_setting(CHECK_QUERIES_AT_ONCE):
         return [query() for query in queries]
     with ThreadPoolExecutor(max_workers=len(queries), thread_name_prefix="check-query") as pool:
         futures = [pool.submit(query) for query in queries]
@@ -93,6 +93,8 @@ class CheckOutcome:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     what: str = ""  # one line: what was compared
     extra_metadata: dict[str, Any] = field(default_factory=dict)
+    # Per-partition numbers added to that partition's evaluation (beside `record`'s).
+    metrics: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[PartitionResult]:
@@ -140,6 +142,7 @@ class CheckOutcome:
                     "expected": _value(r.expected),
                     "actual": _value(r.actual),
                     **({"detail": r.detail} if r.detail else {}),
+                    **dict(self.metrics.get(r.partition, {})),
                     **dict(metrics.get(r.partition, {})),
                     **self.extra_metadata,
                 },

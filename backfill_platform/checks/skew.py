@@ -8,23 +8,13 @@ Spark's own hash partitioning (Murmur3, `pmod(hash(key), N)`) gives across N wor
 customer_ltv avoids paying for it is in docs/checks.md.
 """
 
-from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckSeverity,
-    MetadataValue,
-    asset_check,
-)
+from dagster import AssetCheckSeverity, AssetCheckSpec, MetadataValue
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from backfill_platform.checks.results import (
-    CheckEvents,
-    CheckOutcome,
-    PartitionResult,
-    record,
-    run_partitions,
-)
+from backfill_platform.checks.results import CheckOutcome, PartitionResult
 from backfill_platform.partitions import daily_partitions
+from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.settings import (
     SKEW_IMBALANCE,
@@ -96,13 +86,13 @@ def key_skew(rows: DataFrame, key: str, group: str, workers: int) -> dict[str, d
     return result
 
 
-@asset_check(asset=STAGING_ORDERS, name="customer_id_skew", partitions_def=daily_partitions)
-def customer_id_skew(
-    context: AssetCheckExecutionContext, lakehouse: LakehouseResource
-) -> CheckEvents:
+SKEW = "customer_id_skew"
+SKEW_SPEC = AssetCheckSpec(SKEW, asset=STAGING_ORDERS, partitions_def=daily_partitions)
+
+
+def skew_outcome(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
     """Top key share, NULL share, max/median rows per key and hash imbalance on customer_id
     per event day and for the whole run (WARN above BACKFILL_SKEW_* thresholds)."""
-    run = run_partitions(context)
     workers = int(setting(SKEW_WORKERS))
     limits = {
         "top_key_share": float(setting(SKEW_TOP_KEY_SHARE)),
@@ -115,8 +105,8 @@ def customer_id_skew(
     whole = per_day.get(RUN)
     results = [_verdict(key, per_day.get(key), limits) for key in run.partition_keys()]
     expected = ", ".join(f"{k} <= {v:g}" for k, v in limits.items())
-    outcome = CheckOutcome(
-        "customer_id_skew",
+    return CheckOutcome(
+        SKEW,
         STAGING_ORDERS,
         results,
         severity=AssetCheckSeverity.WARN,
@@ -132,7 +122,6 @@ def customer_id_skew(
             "hash_buckets": workers,
         },
     )
-    yield from record(context, outcome)
 
 
 def _verdict(partition: str, stats: dict | None, limits: dict[str, float]) -> PartitionResult:
@@ -143,6 +132,3 @@ def _verdict(partition: str, stats: dict | None, limits: dict[str, float]) -> Pa
     top = ", ".join(f"{k} ({n}/{stats['rows']})" for k, n in stats["top_keys"])
     detail = (f"over: {', '.join(over)}; " if over else "") + f"top keys: {top or 'none'}"
     return PartitionResult(partition, "within limits", actual, not over, detail)
-
-
-skew_checks = [customer_id_skew]
