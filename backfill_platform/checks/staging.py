@@ -13,6 +13,8 @@ rejects' (or one check from the UI), and the step then runs only the selected ch
 queries.
 """
 
+from functools import partial
+
 from dagster import AssetCheckExecutionContext, AssetCheckKey, multi_asset_check
 
 from backfill_platform.checks.quality import QUALITY_SPECS, quality_outcomes
@@ -34,6 +36,12 @@ from backfill_platform.checks.skew import SKEW_SPEC, skew_outcome
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.tables import RAW_ORDERS, STAGING_ORDERS, STAGING_REJECTS
 
+# The two equations against raw: their check, the table whose write they prove, the equation.
+AGAINST_RAW = (
+    (ACCOUNTS_SPEC, STAGING_ORDERS, staging_vs_raw),
+    (REJECTS_SPEC, STAGING_REJECTS, rejects_vs_raw),
+)
+
 
 @multi_asset_check(
     specs=[ACCOUNTS_SPEC, REJECTS_SPEC, *QUALITY_SPECS, SKEW_SPEC],
@@ -48,28 +56,18 @@ def staging_orders_checks(
     run = run_partitions(context)
     selected = context.selected_asset_check_keys
     queries = {}
-    if ACCOUNTS_SPEC.key in selected:
-        # In the run that built staging: the version it committed and the raw version it read.
-        staging_version, raw_for_staging = versions_written(
-            context, lakehouse, STAGING_ORDERS, RAW_ORDERS, run
-        )
-        queries[ACCOUNTS_SPEC.key] = lambda: staging_vs_raw(
-            lakehouse, run, raw_for_staging, staging_version
-        )
-    if REJECTS_SPEC.key in selected:
-        rejects_version, raw_for_rejects = versions_written(
-            context, lakehouse, STAGING_REJECTS, RAW_ORDERS, run
-        )
-        queries[REJECTS_SPEC.key] = lambda: rejects_vs_raw(
-            lakehouse, run, raw_for_rejects, rejects_version
-        )
+    for spec, table, equation in AGAINST_RAW:
+        if spec.key in selected:
+            # In the run that built the table: the version it committed, the raw version it read.
+            version, raw_version = versions_written(context, lakehouse, table, RAW_ORDERS, run)
+            queries[spec.key] = partial(equation, lakehouse, run, raw_version, version)
     if any(spec.key in selected for spec in QUALITY_SPECS):
         queries["quality"] = lambda: quality_outcomes(lakehouse, run)
     if SKEW_SPEC.key in selected:
         queries[SKEW_SPEC.key] = lambda: skew_outcome(lakehouse, run)
     answers = dict(zip(queries, at_once(*queries.values()), strict=True))
     outcomes = []
-    for spec, table in ((ACCOUNTS_SPEC, STAGING_ORDERS), (REJECTS_SPEC, STAGING_REJECTS)):
+    for spec, table, _ in AGAINST_RAW:
         if spec.key in answers:
             outcome, metrics = answers[spec.key]
             log_partition_metrics(context, table, metrics)
