@@ -84,7 +84,8 @@ def raw_rows_match_landing(
     """
     outcome, metrics = raw_vs_landing(lakehouse, landing, run_partitions(context))
     log_partition_metrics(context, RAW_ORDERS, metrics)
-    yield from record(context, outcome, metrics=metrics)
+    outcome.metrics = metrics
+    yield from record(context, outcome)
 
 
 def raw_vs_landing(
@@ -308,7 +309,8 @@ def fct_matches_staging(
     """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
     outcome, metrics = fct_vs_staging(lakehouse, run_partitions(context))
     log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
-    yield from record(context, outcome, metrics=metrics)
+    outcome.metrics = metrics
+    yield from record(context, outcome)
 
 
 def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:

@@ -93,7 +93,7 @@ class CheckOutcome:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     what: str = ""  # one line: what was compared
     extra_metadata: dict[str, Any] = field(default_factory=dict)
-    # Per-partition numbers added to that partition's evaluation (beside `record`'s).
+    # Per-partition numbers added to that partition's evaluation.
     metrics: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
 
     @property
@@ -122,12 +122,11 @@ class CheckOutcome:
     def evaluations(
         self,
         blocking: bool,
-        metrics: Mapping[str, Mapping[str, float | int]] | None = None,
         targets: Mapping[str, Any] | None = None,
     ) -> list[AssetCheckEvaluation]:
-        """One evaluation per partition, carrying that partition's numbers as metadata and
-        pointing at the partition's materialization it verified (`targets`)."""
-        metrics, targets = metrics or {}, targets or {}
+        """One evaluation per partition, carrying that partition's numbers (`metrics`) as
+        metadata and pointing at the partition's materialization it verified (`targets`)."""
+        targets = targets or {}
         return [
             AssetCheckEvaluation(
                 asset_key=self.asset_key,
@@ -143,7 +142,6 @@ class CheckOutcome:
                     "actual": _value(r.actual),
                     **({"detail": r.detail} if r.detail else {}),
                     **dict(self.metrics.get(r.partition, {})),
-                    **dict(metrics.get(r.partition, {})),
                     **self.extra_metadata,
                 },
             )
@@ -163,7 +161,6 @@ class BlockingCheckFailed(Failure):
 def record(
     context: AssetCheckExecutionContext,
     *outcomes: CheckOutcome,
-    metrics: Mapping[str, Mapping[str, float | int]] | None = None,
 ) -> CheckEvents:
     """Yield each outcome as one evaluation per partition, then the check's output.
 
@@ -184,7 +181,7 @@ def record(
             targets[outcome.asset_key] = latest_materializations(
                 instance, outcome.asset_key, partitions
             )
-        yield from outcome.evaluations(spec.blocking, metrics, targets[outcome.asset_key])
+        yield from outcome.evaluations(spec.blocking, targets[outcome.asset_key])
         if spec.blocking and outcome.severity == AssetCheckSeverity.ERROR and outcome.failed:
             days = [r.partition for r in outcome.failed]
             listed = "; ".join(outcome.describe(r) for r in outcome.failed[:MAX_LISTED])

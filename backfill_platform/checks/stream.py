@@ -48,7 +48,8 @@ def raw_stream_offsets_once(
     """Non-blocking: the landing path's rows of the day are right whatever the stream did,
     so a stream gap must not hold the day's downstream; it is reported on the day."""
     outcome, metrics = stream_vs_topic(lakehouse, orders_topic, run_partitions(context))
-    yield from record(context, outcome, metrics=metrics)
+    outcome.metrics = metrics
+    yield from record(context, outcome)
 
 
 def stream_vs_topic(
