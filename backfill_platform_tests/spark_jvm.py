@@ -69,7 +69,7 @@ def submit_args(java_options: str | None = None, spawned: bool = False) -> str:
     the test process's settings."""
     args = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in test_settings()]
     if java_options is None:
-        archive = f"-XX:SharedArchiveFile={ARCHIVE} -Xlog:disable" if ARCHIVE.exists() else ""
+        archive = f"-XX:SharedArchiveFile={shlex.quote(str(ARCHIVE))} -Xlog:disable" if ARCHIVE.exists() else ""
         java_options = f"{archive} {SPAWNED_JIT if spawned else TEST_PROCESS_JVM}".strip()
     elif spawned:
         java_options = f"{java_options} {SPAWNED_JIT}"
@@ -128,7 +128,7 @@ def build_archive() -> Path:
             **os.environ,
             "SPARK_CONF_DIR": str(EMPTY_CONF_DIR),
             "PYSPARK_SUBMIT_ARGS": submit_args(
-                f"-XX:ArchiveClassesAtExit={dumped} -Xlog:cds=off,cds+dynamic=off",
+                f"-XX:ArchiveClassesAtExit={shlex.quote(str(dumped))} -Xlog:cds=off,cds+dynamic=off",
                 spawned=True,
             ),
             "PYTHONPATH": str(REPO_ROOT),
