@@ -69,7 +69,11 @@ def submit_args(java_options: str | None = None, spawned: bool = False) -> str:
     the test process's settings."""
     args = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in test_settings()]
     if java_options is None:
-        archive = f"-XX:SharedArchiveFile={shlex.quote(str(ARCHIVE))} -Xlog:disable" if ARCHIVE.exists() else ""
+        archive = (
+            f"-XX:SharedArchiveFile={shlex.quote(str(ARCHIVE))} -Xlog:disable"
+            if ARCHIVE.exists()
+            else ""
+        )
         java_options = f"{archive} {SPAWNED_JIT if spawned else TEST_PROCESS_JVM}".strip()
     elif spawned:
         java_options = f"{java_options} {SPAWNED_JIT}"
@@ -115,6 +119,12 @@ spark.stop()
 """
 
 
+def dump_options(archive: Path) -> str:
+    """The JVM options that write the archive at `archive` as the JVM exits (quoted: Spark's
+    launcher splits the options at spaces, the clone's path may hold one)."""
+    return f"-XX:ArchiveClassesAtExit={shlex.quote(str(archive))} -Xlog:cds=off,cds+dynamic=off"
+
+
 def build_archive() -> Path:
     """Run a small Spark + Delta workload with `-XX:ArchiveClassesAtExit`, then move the
     archive into place (a half-written archive is never seen by a test JVM). The workload's
@@ -127,10 +137,7 @@ def build_archive() -> Path:
         env = {
             **os.environ,
             "SPARK_CONF_DIR": str(EMPTY_CONF_DIR),
-            "PYSPARK_SUBMIT_ARGS": submit_args(
-                f"-XX:ArchiveClassesAtExit={shlex.quote(str(dumped))} -Xlog:cds=off,cds+dynamic=off",
-                spawned=True,
-            ),
+            "PYSPARK_SUBMIT_ARGS": submit_args(dump_options(dumped), spawned=True),
             "PYTHONPATH": str(REPO_ROOT),
         }
         # Pipes, not DEVNULL: reading them to their end waits for the JVM too, which writes
