@@ -66,11 +66,16 @@ def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
     )
 
 
+# This interpreter as make names its own, relative to the repository: an absolute path
+# splits in make's recipes when the clone's path has a space, as a user's make never sees it.
+MAKE_PY = os.path.relpath(sys.executable, REPO)
+
+
 def _make(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
     """make in the repository, with this interpreter and nothing to install (the test runs
     from an installed venv)."""
     done = subprocess.run(
-        ["make", "--no-print-directory", *argv, "INSTALLED=", "JARS=", f"PY={sys.executable}"],
+        ["make", "--no-print-directory", *argv, "INSTALLED=", "JARS=", f"PY={MAKE_PY}"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -201,8 +206,8 @@ def test_make_ui_keeps_the_printed_logs_sends_no_telemetry_and_stops_whole(
 
     port = free_port()
     ui = subprocess.Popen(
-        ["make", "--no-print-directory", "ui", "INSTALLED=", "JARS=", f"PY={sys.executable}",
-         f"VENV={Path(sys.executable).parents[1]}", f"UI_ARGS=-p {port}"],
+        ["make", "--no-print-directory", "ui", "INSTALLED=", "JARS=", f"PY={MAKE_PY}",
+         f"VENV={Path(MAKE_PY).parents[1]}", f"UI_ARGS=-p {port}"],
         cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
         # A script's background job: SIGINT ignored, as `make ui &` gets it.
