@@ -8,17 +8,29 @@ in one process: once on a new JVM, then into a new lakehouse with the JVM warm. 
 does nothing (`noop`, on staging/orders) runs beside them: its step is what Dagster's step
 itself costs, apart from the check's work.
 
-Prints a table per step; writes `benchmarks/results/check-steps-<time>.json`.
+The staging checks share one step whose queries run at once (checks/staging.py), so the
+step's seconds do not say which check costs what: the bench also times each of that step's
+queries (the step's `at_once`, wrapped here). `--one-after-another` runs them one after
+another (BACKFILL_CHECK_QUERIES_AT_ONCE=false), so each query's seconds are its own and not
+shared with the others running beside it.
+
+Prints a table per step and one per staging query; writes
+`benchmarks/results/check-steps-<time>.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 from dagster import AssetCheckResult, asset_check
 
@@ -50,6 +62,31 @@ def _step_seconds(instance, runs) -> dict[str, dict[str, float]]:
     return steps
 
 
+@contextmanager
+def staging_query_seconds() -> Iterator[dict[str, list[float]]]:
+    """Each query of the staging checks' step, by the function it calls: its seconds, one
+    entry per step that ran it."""
+    from backfill_platform.checks import staging
+
+    seconds: dict[str, list[float]] = {}
+    run_at_once = staging.at_once
+
+    def timed(query: Callable[[], Any]) -> Callable[[], Any]:
+        name = getattr(query, "func", query).__name__
+
+        def run() -> Any:
+            started = time.monotonic()
+            try:
+                return query()
+            finally:
+                seconds.setdefault(name, []).append(time.monotonic() - started)
+
+        return run
+
+    with mock.patch.object(staging, "at_once", lambda *qs: run_at_once(*map(timed, qs))):
+        yield seconds
+
+
 def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     from dagster import DagsterInstance
 
@@ -78,9 +115,17 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
         resources = build_resources(str(landing), str(lakehouse), spark=spark)
         instance = DagsterInstance.ephemeral()
         started = time.monotonic()
-        runs = backfill(
-            assets, first.isoformat(), last.isoformat(), resources, instance, per_run, None, checks
-        )
+        with staging_query_seconds() as queries:
+            runs = backfill(
+                assets,
+                first.isoformat(),
+                last.isoformat(),
+                resources,
+                instance,
+                per_run,
+                None,
+                checks,
+            )
         steps = _step_seconds(instance, runs)
         passes[name] = {
             "backfill_seconds": round(time.monotonic() - started, 1),
@@ -99,6 +144,10 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
                 }
                 for k, r in sorted(steps.items(), key=lambda kv: -kv[1]["seconds"])
             },
+            "staging_queries": {
+                name: {"seconds": round(sum(s), 2), "steps": len(s)}
+                for name, s in sorted(queries.items(), key=lambda kv: -sum(kv[1]))
+            },
         }
     return passes
 
@@ -108,7 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=62)
     parser.add_argument("--orders-per-day", type=int, default=3000)
     parser.add_argument("--per-run", type=int, default=31, help="days per run")
+    parser.add_argument(
+        "--one-after-another",
+        action="store_true",
+        help="the staging step's queries one after another, each timed on its own",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.one_after_another:
+        os.environ["BACKFILL_CHECK_QUERIES_AT_ONCE"] = "false"
     with tempfile.TemporaryDirectory(prefix="bench-check-steps-") as work:
         passes = measure(args.days, args.orders_per_day, args.per_run, Path(work))
     cold, warm = passes["cold"], passes["warm"]
@@ -126,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             f"| {key} | {'yes' if row['check'] else ''} | {row['seconds']:.2f} | "
             f"{other.get('seconds', 0):.2f} | {row['steps']} |"
         )
+    together = "one after another" if args.one_after_another else "at once"
+    print(f"| staging step query ({together}) | cold s | warm s | steps |")
+    print("|---|---:|---:|---:|")
+    for name, row in cold["staging_queries"].items():
+        other = warm["staging_queries"].get(name, {})
+        print(f"| {name} | {row['seconds']:.2f} | {other.get('seconds', 0):.2f} | {row['steps']} |")
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "benchmark": "check-steps",

@@ -62,9 +62,9 @@ def staging_orders_checks(
             version, raw_version = versions_written(context, lakehouse, table, RAW_ORDERS, run)
             queries[spec.key] = partial(equation, lakehouse, run, raw_version, version)
     if any(spec.key in selected for spec in QUALITY_SPECS):
-        queries["quality"] = lambda: quality_outcomes(lakehouse, run)
+        queries["quality"] = partial(quality_outcomes, lakehouse, run)
     if SKEW_SPEC.key in selected:
-        queries[SKEW_SPEC.key] = lambda: skew_outcome(lakehouse, run)
+        queries[SKEW_SPEC.key] = partial(skew_outcome, lakehouse, run)
     answers = dict(zip(queries, at_once(*queries.values()), strict=True))
     outcomes = []
     for spec, table, _ in AGAINST_RAW:
