@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pyspark
 import pytest
 
 from backfill_platform.sources import postgres_server
@@ -750,6 +751,9 @@ class SparkCluster:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
+            # Spark's home as pip installs it: without it spark-class runs pyspark's
+            # find-spark-home, which splits an interpreter path holding a space.
+            "SPARK_HOME": str(Path(pyspark.__file__).parent),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(self.root),
             "SPARK_WORKER_DIR": str(self.root / "work"),
