@@ -22,11 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyspark
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = Path(__file__).resolve().parent / "spark-conf" / "spark-defaults.conf"
 CDS_DIR = REPO_ROOT / ".spark-jars" / "cds"
 ARCHIVE = CDS_DIR / "spark-tests.jsa"
 EMPTY_CONF_DIR = CDS_DIR / "conf"  # on the JVM's class path: must stay empty
+SPARK_HOME = Path(pyspark.__file__).parent  # Spark's home as pip installs it
 
 
 def test_settings() -> list[tuple[str, str]]:

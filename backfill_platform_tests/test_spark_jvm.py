@@ -3,14 +3,10 @@
 import os
 import shlex
 import subprocess
-from pathlib import Path
 
-import pyspark
 import pytest
 
 from backfill_platform_tests import spark_jvm
-
-SPARK_HOME = Path(pyspark.__file__).parent
 
 # spark-submit's own steps up to the java command: Spark's environment script, then the
 # launcher, which prints the command it would run, NUL-separated.
@@ -25,7 +21,7 @@ def java_command(submit_args: str) -> list[str]:
         ["bash", "-c", LAUNCH_COMMAND, "launch", *shlex.split(submit_args)],
         env={
             **os.environ,
-            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_HOME": str(spark_jvm.SPARK_HOME),
             "SPARK_CONF_DIR": spark_jvm.empty_conf_dir(),
         },
         capture_output=True,

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pyspark
 import pytest
 
 from backfill_platform.sources import postgres_server
-from backfill_platform_tests.spark_jvm import SPAWNED_JIT
+from backfill_platform_tests.spark_jvm import SPARK_HOME, SPAWNED_JIT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: dagster-webserver, dagster-daemon, spark-class
@@ -751,9 +750,9 @@ class SparkCluster:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            # Spark's home as pip installs it: without it spark-class runs pyspark's
-            # find-spark-home, which splits an interpreter path holding a space.
-            "SPARK_HOME": str(Path(pyspark.__file__).parent),
+            # Given, spark-class does not run pyspark's find-spark-home, which splits an
+            # interpreter path holding a space.
+            "SPARK_HOME": str(SPARK_HOME),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(self.root),
             "SPARK_WORKER_DIR": str(self.root / "work"),
