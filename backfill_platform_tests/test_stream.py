@@ -255,7 +255,7 @@ def test_landing_and_stream_share_raw_and_staging(stream_platform, broker):
         assert sorted(r["line_number"] for r in landing) == [1, 2, 3, 4]
         assert [r["reject_reason"] for r in landing if r["line_number"] == 3] == ["invalid_json"]
     # raw/orders' blocking reconciliation compares the day's landing rows with its files.
-    outcome, _ = raw_vs_landing(lake, platform.resources["landing"], DayRange(day, day))
+    outcome = raw_vs_landing(lake, platform.resources["landing"], DayRange(day, day))
     assert not outcome.failed
 
     for rate_day in ("2024-01-09", "2024-01-10"):
@@ -643,11 +643,11 @@ def test_stream_stages_its_batches_itself(stream_platform, broker, monkeypatch, 
     staging_version, raw_version = versions_of_run(lake, STAGING_ORDERS, built.run_id, RAW_ORDERS)
     assert staging_version == version < platform.version("staging/orders")
     span = DayRange(day, day)
-    (at_run,) = staging_vs_raw(lake, span, raw_version, staging_version)[0].results
+    (at_run,) = staging_vs_raw(lake, span, raw_version, staging_version).results
     assert at_run.passed, at_run
-    (mixed,) = staging_vs_raw(lake, span, raw_version)[0].results
+    (mixed,) = staging_vs_raw(lake, span, raw_version).results
     assert not mixed.passed and mixed.actual == mixed.expected + 1, mixed
-    (now,) = staging_vs_raw(lake, span)[0].results  # the current tables agree too
+    (now,) = staging_vs_raw(lake, span).results  # the current tables agree too
     assert now.passed, now
 
 
@@ -784,12 +784,12 @@ def test_the_offset_check_reads_from_the_ranges_first_instant_and_counts_late_cl
     assert catch_up(lake, orders).rows == 5
     keys = [d.date().isoformat() for d in day]
     for first in range(3):
-        _, metrics = stream_vs_topic(lake, orders, DayRange(keys[first], keys[2]))
+        metrics = stream_vs_topic(lake, orders, DayRange(keys[first], keys[2])).metrics
         assert {k: (m["messages"], m["streamed"], m["missing"]) for k, m in metrics.items()} == {
             k: (n, n, 0) for k, n in zip(keys[first:], (2, 1, 2)[first:], strict=True)
         }
     # The second day alone: its one message sits after the third day's first one.
-    _, metrics = stream_vs_topic(lake, orders, DayRange(keys[1], keys[1]))
+    metrics = stream_vs_topic(lake, orders, DayRange(keys[1], keys[1])).metrics
     assert (metrics[keys[1]]["messages"], metrics[keys[1]]["missing"]) == (1, 0)
 
 

@@ -48,9 +48,6 @@ from backfill_platform.transforms.fx import (
 from backfill_platform.transforms.orders import UNKNOWN_CURRENCY, with_unknown_currency
 from backfill_platform.transforms.revenue import LOCAL_TYPE
 
-# A check's verdict over some partitions, and the per-partition metrics it logs.
-Equation = tuple[CheckOutcome, dict[str, dict[str, float | int]]]
-
 # The fingerprint's customer weights (`ltv_vs_previous_day`): 1 to 2^20, multiplied into
 # DECIMAL(30,10) revenue as a DECIMAL(7,0) so the product is an exact DECIMAL(38,10).
 WEIGHT_MASK = 2**20 - 1
@@ -82,15 +79,14 @@ def raw_rows_match_landing(
     The landing side is counted in plain Python from the files (not by the Spark reader raw
     uses), so a line lost or doubled by parsing, a partial write or a changed delivery shows.
     """
-    outcome, metrics = raw_vs_landing(lakehouse, landing, run_partitions(context))
-    log_partition_metrics(context, RAW_ORDERS, metrics)
-    outcome.metrics = metrics
+    outcome = raw_vs_landing(lakehouse, landing, run_partitions(context))
+    log_partition_metrics(context, outcome)
     yield from record(context, outcome)
 
 
 def raw_vs_landing(
     lakehouse: LakehouseResource, landing: LandingZoneResource, run: DayRange
-) -> Equation:
+) -> CheckOutcome:
     """The equation of `raw_rows_match_landing` over `run`'s days (`stream reconcile` also
     reads days past the last partition)."""
     expected = {
@@ -122,13 +118,13 @@ def raw_vs_landing(
             "rejects": row["invalid_rows"] if row else 0,
             "late_arrival_rate": _rate(late, rows),
         }
-    outcome = CheckOutcome(
+    return CheckOutcome(
         "rows_match_landing_lines",
         RAW_ORDERS,
         results,
         what="raw/orders rows vs non-blank landing lines per ingest day",
+        metrics=metrics,
     )
-    return outcome, metrics
 
 
 ACCOUNTS_SPEC = AssetCheckSpec(
@@ -176,7 +172,7 @@ def staging_vs_raw(
     run: DayRange,
     raw_version: int | None = None,
     staging_version: int | None = None,
-) -> Equation:
+) -> CheckOutcome:
     """Per event day D of `run`: raw rows carrying D == distinct orders + superseded versions
     + rejects, raw at `raw_version` and staging at `staging_version` (None: the current
     versions).
@@ -236,13 +232,13 @@ def staging_vs_raw(
             "superseded_versions": superseded,
             "late_arrival_rate": _rate(late, orders),
         }
-    outcome = CheckOutcome(
+    return CheckOutcome(
         "accounts_for_every_raw_row",
         STAGING_ORDERS,
         results,
         what="raw rows per event day vs staged orders + superseded versions + rejects",
+        metrics=metrics,
     )
-    return outcome, metrics
 
 
 REJECTS_SPEC = AssetCheckSpec(
@@ -261,7 +257,7 @@ def rejects_vs_raw(
     run: DayRange,
     raw_version: int | None = None,
     rejects_version: int | None = None,
-) -> Equation:
+) -> CheckOutcome:
     """Per ingest day of `run`: staging/orders_rejects rows == raw rows rejected at parsing or
     for an unknown currency (raw at `raw_version`, the rejects at `rejects_version`; None:
     the current versions)."""
@@ -287,13 +283,13 @@ def rejects_vs_raw(
     for day in run.partition_keys():
         want, got = expected.get(day, 0), actual.get(day, 0)
         results.append(PartitionResult(day, want, got, want == got))
-    outcome = CheckOutcome(
+    return CheckOutcome(
         "rejects_match_raw",
         STAGING_REJECTS,
         results,
         what="rejected raw rows vs staging/orders_rejects rows per ingest day",
+        metrics={d: {"rejects": actual.get(d, 0)} for d in run.partition_keys()},
     )
-    return outcome, {d: {"rejects": actual.get(d, 0)} for d in run.partition_keys()}
 
 
 @asset_check(
@@ -307,13 +303,12 @@ def fct_matches_staging(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> CheckEvents:
     """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
-    outcome, metrics = fct_vs_staging(lakehouse, run_partitions(context))
-    log_partition_metrics(context, FCT_DAILY_REVENUE, metrics)
-    outcome.metrics = metrics
+    outcome = fct_vs_staging(lakehouse, run_partitions(context))
+    log_partition_metrics(context, outcome)
     yield from record(context, outcome)
 
 
-def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
+def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
     """The equation of `fct_matches_staging` over `run`'s partitions.
 
     Staging's sums per (day, currency) and fct's rows are two small aggregations read at
@@ -374,13 +369,13 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> Equation:
         results.append(PartitionResult(day, expected, actual, not differing, "; ".join(differing)))
         usd = sum((r["usd"] for r in fct_rows if r["usd"] is not None), Decimal(0))
         metrics[day] = {"orders": orders, "paid_orders": paid_orders, "revenue_usd": float(usd)}
-    outcome = CheckOutcome(
+    return CheckOutcome(
         "matches_staging_orders",
         FCT_DAILY_REVENUE,
         results,
         what="fct_daily_revenue vs staging orders (orders/paid/revenue_local per currency)",
+        metrics=metrics,
     )
-    return outcome, metrics
 
 
 def _triple(row: dict | None) -> tuple | None:
@@ -407,11 +402,10 @@ def ltv_rolls_forward(
     D-1 is read from the table (the snapshot before the run's range included), D's paid
     orders from staging at point-in-time FX; first_order_date must carry over or be D.
     """
-    outcome, _ = ltv_vs_previous_day(lakehouse, run_partitions(context))
-    yield from record(context, outcome)
+    yield from record(context, ltv_vs_previous_day(lakehouse, run_partitions(context)))
 
 
-def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> Equation:
+def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
     """The equation of `ltv_rolls_forward` over `run`'s partitions.
 
     Proven per day from sums, not by joining every (customer, day) of two snapshots: each
@@ -427,7 +421,7 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> Equation
     try:
         days = _ltv_step_sums(lakehouse, run)
     except ArithmeticException:  # a weighted sum beyond DECIMAL(38,10): prove it row by row
-        return _ltv_joined(lakehouse, run)[0], {}
+        return _ltv_joined(lakehouse, run)[0]
     results, failing = [], []
     for key in run.partition_keys():
         actual, want = days[key]
@@ -445,7 +439,7 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> Equation
                     "no customer's totals differ from the day before's, so a snapshot row is "
                     "doubled, missing or extra"
                 )
-    return _ltv_outcome(results), {}
+    return _ltv_outcome(results)
 
 
 def _weight() -> Column:
@@ -648,14 +642,14 @@ def layer_equation(
     """`key`'s blocking equation over `run`, outside a run: validation applies it to a shadow
     lakehouse, whose tables then answer to the layer they were built from."""
     if key == RAW_ORDERS:
-        return raw_vs_landing(lakehouse, landing, run)[0]
+        return raw_vs_landing(lakehouse, landing, run)
     equation = {
         STAGING_ORDERS: staging_vs_raw,
         STAGING_REJECTS: rejects_vs_raw,
         FCT_DAILY_REVENUE: fct_vs_staging,
         CUSTOMER_LTV: ltv_vs_previous_day,
     }.get(key)
-    return equation(lakehouse, run)[0] if equation else None
+    return equation(lakehouse, run) if equation else None
 
 
 reconciliation_checks = [

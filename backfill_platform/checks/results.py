@@ -264,20 +264,19 @@ def _target(storage_id: int, run_id: str, timestamp: float) -> Any:
     )
 
 
-def log_partition_metrics(
-    context: AssetCheckExecutionContext,
-    asset_key: AssetKey,
-    metrics: Mapping[str, Mapping[str, float | int]],
-) -> None:
-    """Numeric metadata per partition, as one AssetObservation per partition.
+def log_partition_metrics(context: AssetCheckExecutionContext, outcome: CheckOutcome) -> None:
+    """The outcome's numbers per partition (`metrics`), as one AssetObservation per
+    partition of its asset.
 
     A ranged run's materializations all share the output's metadata (Dagster issue #18123:
     no per-partition output metadata), so per-partition numbers for the asset page's plots
     travel as partitioned observations; the checks already hold the per-partition counts.
     """
-    for partition, values in sorted(metrics.items()):
+    for partition, values in sorted(outcome.metrics.items()):
         context.op_execution_context.log_event(
-            AssetObservation(asset_key=asset_key, partition=partition, metadata=dict(values))
+            AssetObservation(
+                asset_key=outcome.asset_key, partition=partition, metadata=dict(values)
+            )
         )
 
 

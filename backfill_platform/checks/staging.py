@@ -66,13 +66,9 @@ def staging_orders_checks(
     if SKEW_SPEC.key in selected:
         queries[SKEW_SPEC.key] = partial(skew_outcome, lakehouse, run)
     answers = dict(zip(queries, at_once(*queries.values()), strict=True))
-    outcomes = []
-    for spec, table, _ in AGAINST_RAW:
-        if spec.key in answers:
-            outcome, metrics = answers[spec.key]
-            log_partition_metrics(context, table, metrics)
-            outcome.metrics = metrics
-            outcomes.append(outcome)
+    outcomes = [answers[spec.key] for spec, _, _ in AGAINST_RAW if spec.key in answers]
+    for outcome in outcomes:
+        log_partition_metrics(context, outcome)
     outcomes += [
         outcome
         for outcome in answers.get("quality", [])

@@ -30,7 +30,6 @@ from backfill_platform.resources.kafka import OrdersTopicResource, TopicUnavaila
 from backfill_platform.tables import RAW_ORDERS, RAW_ORDERS_STREAM_COLUMN
 
 CHECK_NAME = "stream_offsets_once"
-Equation = tuple[CheckOutcome, dict[str, dict[str, int]]]
 
 
 @asset_check(
@@ -47,14 +46,12 @@ def raw_stream_offsets_once(
 ) -> CheckEvents:
     """Non-blocking: the landing path's rows of the day are right whatever the stream did,
     so a stream gap must not hold the day's downstream; it is reported on the day."""
-    outcome, metrics = stream_vs_topic(lakehouse, orders_topic, run_partitions(context))
-    outcome.metrics = metrics
-    yield from record(context, outcome)
+    yield from record(context, stream_vs_topic(lakehouse, orders_topic, run_partitions(context)))
 
 
 def stream_vs_topic(
     lakehouse: LakehouseResource, orders: OrdersTopicResource, run: DayRange
-) -> Equation:
+) -> CheckOutcome:
     """Per ingest day of `run`: the broker's messages against raw's stream rows, offset by
     offset. A broker that does not answer fails every day with WARN severity, naming it."""
     what = f"{orders.topic} offsets vs raw/orders stream rows per ingest day"
@@ -66,7 +63,7 @@ def stream_vs_topic(
             PartitionResult(day, "the broker's offsets", "no answer", False, str(error))
             for day in run.day_keys()
         ]
-        return CheckOutcome(CHECK_NAME, RAW_ORDERS, results, AssetCheckSeverity.WARN, what), {}
+        return CheckOutcome(CHECK_NAME, RAW_ORDERS, results, AssetCheckSeverity.WARN, what)
     results, metrics = [], {}
     for day in run.day_keys():
         c = counts.get(day) or dict.fromkeys(METRICS, 0)
@@ -80,7 +77,7 @@ def stream_vs_topic(
             PartitionResult(day, f"{reached} offsets once", f"{c['streamed']} rows", passed, detail)
         )
         metrics[day] = dict(c)
-    return CheckOutcome(CHECK_NAME, RAW_ORDERS, results, what=what), metrics
+    return CheckOutcome(CHECK_NAME, RAW_ORDERS, results, what=what, metrics=metrics)
 
 
 METRICS = ("messages", "streamed", "missing", "extra_copies", "pending", "not_on_broker")

@@ -161,11 +161,11 @@ def reconcile_boundary(
                 "landing zone no delivery; give the days (--start, --end)."
             )
         days = DayRange(min(ends), max(ends))
-    stream, stream_metrics = stream_vs_topic(lakehouse, orders, days)
-    if not stream_metrics:  # the broker did not answer: the check's WARN, here an error
+    stream = stream_vs_topic(lakehouse, orders, days)
+    if not stream.metrics:  # the broker did not answer: the check's WARN, here an error
         raise TopicUnavailable(stream.results[0].detail)
-    landing_outcome, _ = raw_vs_landing(lakehouse, landing, days)
-    staging = staging_vs_raw(lakehouse, days)[0] if lakehouse.exists(STAGING_ORDERS) else None
+    landing_outcome = raw_vs_landing(lakehouse, landing, days)
+    staging = staging_vs_raw(lakehouse, days) if lakehouse.exists(STAGING_ORDERS) else None
     both = _orders_from_both(lakehouse, days)
     landing_by_day = {r.partition: r for r in landing_outcome.results}
     staging_by_day = {r.partition: r for r in staging.results} if staging else {}
@@ -177,7 +177,7 @@ def reconcile_boundary(
         last_partition=daily_partitions.get_last_partition_key(),
     )
     for day in days.day_keys():
-        s = stream_metrics[day]
+        s = stream.metrics[day]
         land, stage = landing_by_day[day], staging_by_day.get(day)
         report.results.append(
             BoundaryDay(

@@ -169,7 +169,7 @@ def check_folded_days(lake: LakehouseResource, fold: MartsFold, done: MartsFolde
         ):
             for span in ranges_of(fold.unchecked.days.pop(key, set())):
                 with done.timing(part):
-                    done.outcomes.append(equation(lake, span)[0])
+                    done.outcomes.append(equation(lake, span))
     except FxRateError as error:  # as a run's check step fails on those days
         done.left.append(f"checks: no rate: {error}")
     finally:
