@@ -9,6 +9,7 @@ import re
 import pytest
 
 from benchmarks import bench, dagster_events, large
+from benchmarks.measure import SparkLog
 
 # The benchmark's own tests, not the platform's core: `make bench-smoke` runs them, so `make
 # test` stays the newcomer's run of the core (docs/testing.md says why CI leaves them out).
@@ -171,3 +172,45 @@ def test_bench_large_runs_end_to_end_and_reports_the_scale_point(tmp_path, spark
     assert result["driver_jvm_peak_mb"]["large"] > 0
     out = capsys.readouterr().out
     assert "s per million lines" in out and "linear within 10%" in out
+
+
+def test_spark_log_names_each_job_by_what_it_does(tmp_path):
+    """Delta's own description first, else the action of the SQL query the job serves (AQE's
+    stage jobs run from a thread pool without a call site), else the call site."""
+    events = [
+        {
+            "Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart",
+            "executionId": 7,
+            "description": "collect at /somewhere/backfill_platform/checks/quality.py:63",
+        },
+        *_job(1, 0, 400, {"spark.job.description": "Delta: Compute snapshot for version: 12"}),
+        *_job(2, 0, 100, {"spark.job.description": "Delta: Compute snapshot for version: 13"}),
+        *_job(3, 0, 900, {"spark.sql.execution.root.id": "7", "callSite.short": "$anonfun at X"}),
+        *_job(4, 0, 50, {"callSite.short": "count at NativeMethodAccessorImpl.java:0"}),
+    ]
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows = SparkLog.read(folder).jobs_by_description()
+    assert rows == [
+        {
+            "what": "collect at /somewhere/backfill_platform/checks/quality.py:N",
+            "jobs": 1,
+            "job_seconds": 0.9,
+        },
+        {"what": "Delta: Compute snapshot for version: N", "jobs": 2, "job_seconds": 0.5},
+        {"what": "count at NativeMethodAccessorImpl.java:N", "jobs": 1, "job_seconds": 0.05},
+    ]
+
+
+def _job(job_id: int, start_ms: int, end_ms: int, properties: dict) -> list[dict]:
+    return [
+        {
+            "Event": "SparkListenerJobStart",
+            "Job ID": job_id,
+            "Submission Time": start_ms,
+            "Stage IDs": [],
+            "Properties": properties,
+        },
+        {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": end_ms},
+    ]

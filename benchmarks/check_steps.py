@@ -14,8 +14,11 @@ queries (the step's `at_once`, wrapped here). `--one-after-another` runs them on
 another (BACKFILL_CHECK_QUERIES_AT_ONCE=false), so each query's seconds are its own and not
 shared with the others running beside it.
 
-Prints a table per step and one per staging query; writes
-`benchmarks/results/check-steps-<time>.json`.
+Spark's event log says what the warm pass's Spark jobs do (Delta's own jobs carry their
+operation, others the action's call site): how many, and their seconds.
+
+Prints a table per step, one per staging query and the warm pass's Spark jobs by what they
+do; writes `benchmarks/results/check-steps-<time>.json`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from unittest import mock
 
 from dagster import AssetCheckResult, asset_check
 
-from benchmarks.measure import write_result
+from benchmarks.measure import SparkLog, write_result
 
 CRM_TABLES = {"raw/crm_customer_history", "staging/customers", "marts/fct_revenue_by_segment"}
 
@@ -93,7 +96,14 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     from backfill_platform.checks import all_checks
     from backfill_platform.definitions import all_assets, build_resources
     from backfill_platform.partitions import daily_partitions
+    from backfill_platform.resources import SparkSessionResource
     from backfill_platform.runner import backfill
+    from backfill_platform.settings import (
+        SPARK_DRIVER_MEMORY,
+        SPARK_MASTER,
+        SPARK_SHUFFLE_PARTITIONS,
+        setting,
+    )
     from backfill_platform.sources.generate import generate_landing
 
     def crm(keys) -> bool:
@@ -107,13 +117,20 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     last = first + timedelta(days=days - 1)
     landing = work / "landing"
     generate_landing(landing, first, last, orders_per_day, 7, progress=False)
+    events = work / "spark-events"
+    events.mkdir()
+    spark = SparkSessionResource(
+        master=setting(SPARK_MASTER),
+        shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
+        driver_memory=setting(SPARK_DRIVER_MEMORY),
+        extra_conf=_event_log(events),
+    )
     passes = {}
-    resources = None
-    for name in ("cold", "warm"):
+    for name in ("cold", "warm"):  # one session: the warm pass keeps the JVM
         lakehouse = work / f"lakehouse-{name}"
-        spark = resources["spark"] if resources else None  # the warm pass keeps the JVM
         resources = build_resources(str(landing), str(lakehouse), spark=spark)
         instance = DagsterInstance.ephemeral()
+        window = time.time()
         started = time.monotonic()
         with staging_query_seconds() as queries:
             runs = backfill(
@@ -126,9 +143,11 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
                 None,
                 checks,
             )
+        seconds = round(time.monotonic() - started, 1)
         steps = _step_seconds(instance, runs)
+        spark_log = SparkLog.read(events).between(window, time.time())
         passes[name] = {
-            "backfill_seconds": round(time.monotonic() - started, 1),
+            "backfill_seconds": seconds,
             "runs": len(runs),
             "asset_steps_seconds": round(
                 sum(r["seconds"] for k, r in steps.items() if k not in check_steps), 1
@@ -148,8 +167,22 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
                 name: {"seconds": round(sum(s), 2), "steps": len(s)}
                 for name, s in sorted(queries.items(), key=lambda kv: -sum(kv[1]))
             },
+            "spark": spark_log.summary(),
+            "spark_jobs_by_what": spark_log.jobs_by_description(12),
         }
+    spark.get_session().stop()  # its event log is in `work`, which the caller removes
     return passes
+
+
+def _event_log(folder: Path) -> dict[str, str]:
+    """Spark's event log as plain JSON lines in one file, which is flushed at each job's end
+    and read while the session runs (`make bench` sets the same)."""
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.resolve().as_uri(),
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in cold["staging_queries"].items():
         other = warm["staging_queries"].get(name, {})
         print(f"| {name} | {row['seconds']:.2f} | {other.get('seconds', 0):.2f} | {row['steps']} |")
+    jobs = warm["spark"]
+    print(
+        f"| warm pass's Spark jobs by what they do ({jobs['jobs']} jobs, busy "
+        f"{jobs['busy_s']} s of {warm['backfill_seconds']} s) | jobs | job s |"
+    )
+    print("|---|---:|---:|")
+    for row in warm["spark_jobs_by_what"]:
+        print(f"| {row['what']} | {row['jobs']} | {row['job_seconds']:.2f} |")
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "benchmark": "check-steps",

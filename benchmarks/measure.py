@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import threading
 import time
 from collections import defaultdict
@@ -70,6 +71,10 @@ class SparkJob:
     submitted_ms: int
     completed_ms: int
     stage_ids: list[int]
+    # What the job does: the description Delta gives its own jobs ("Delta: Compute snapshot
+    # for version: 12"), else the action of the SQL query it serves ("collect at
+    # .../quality.py:63"; AQE's stage jobs run from a thread pool and name no call site).
+    description: str = ""
 
 
 @dataclass
@@ -98,6 +103,7 @@ class SparkLog:
         if log_dir is None or not log_dir.is_dir():
             return log
         starts: dict[int, dict] = {}
+        queries: dict[str, str] = {}  # SQL execution id -> its action's call site
         metrics: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         # Spark 4 writes a rolling log: a folder per application, events_<n>_<app> inside.
         files = sorted((p for p in log_dir.rglob("*") if p.is_file()), key=_event_file_order)
@@ -110,16 +116,23 @@ class SparkLog:
                 if not isinstance(event, dict):
                     continue
                 kind = event.get("Event")
-                if kind == "SparkListenerJobStart":
+                if kind == "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart":
+                    queries[str(event.get("executionId"))] = event.get("description", "")
+                elif kind == "SparkListenerJobStart":
                     starts[event["Job ID"]] = event
                 elif kind == "SparkListenerJobEnd" and event["Job ID"] in starts:
                     start = starts[event["Job ID"]]
+                    properties = start.get("Properties") or {}
                     log.jobs.append(
                         SparkJob(
                             event["Job ID"],
                             start["Submission Time"],
                             event["Completion Time"],
                             list(start.get("Stage IDs", [])),
+                            properties.get("spark.job.description")
+                            or queries.get(properties.get("spark.sql.execution.root.id", ""))
+                            or properties.get("callSite.short")
+                            or _last_stage_name(start),
                         )
                     )
                 elif kind == "SparkListenerTaskEnd":
@@ -174,6 +187,24 @@ class SparkLog:
             ),
         }
 
+    def jobs_by_description(self, n: int = 10) -> list[dict]:
+        """Jobs grouped by what they do (a description's first line, its numbers as N, the
+        repository's path dropped), most job seconds first; jobs that ran at the same time
+        count each."""
+        groups: dict[str, list[SparkJob]] = defaultdict(list)
+        for job in self.jobs:
+            first_line = job.description.split("<br/>")[0].replace(f"{Path.cwd()}/", "")
+            groups[re.sub(r"\d+", "N", first_line) or "?"].append(job)
+        rows = [
+            {
+                "what": text,
+                "jobs": len(jobs),
+                "job_seconds": round(sum(j.completed_ms - j.submitted_ms for j in jobs) / 1e3, 2),
+            }
+            for text, jobs in groups.items()
+        ]
+        return sorted(rows, key=lambda r: -r["job_seconds"])[:n]
+
     def top_stages(self, n: int = 8) -> list[dict]:
         """Stage time grouped by Spark's stage name (the call site), largest first."""
         by_name: dict[str, list[SparkStage]] = defaultdict(list)
@@ -189,6 +220,12 @@ class SparkLog:
             for name, stages in by_name.items()
         ]
         return sorted(rows, key=lambda r: -r["seconds"])[:n]
+
+
+def _last_stage_name(job_start: dict) -> str:
+    """The call site of a job's final stage, which Spark names after the action."""
+    stages = job_start.get("Stage Infos") or []
+    return max(stages, key=lambda s: s.get("Stage ID", 0)).get("Stage Name", "") if stages else ""
 
 
 def _event_file_order(path: Path) -> tuple:
