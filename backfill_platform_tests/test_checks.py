@@ -8,6 +8,7 @@ of that lakehouse, corrupts one table with a new Delta version through the one w
 
 import contextlib
 import io
+import json
 import shutil
 import threading
 import time
@@ -34,12 +35,14 @@ from pyspark.sql import functions as F
 
 from backfill_platform.automation.sensors import rolling_window_sensor
 from backfill_platform.checks import all_checks
+from backfill_platform.checks.reconciliation import versions_of_run
 from backfill_platform.checks.results import FAILED_PARTITIONS, PARTITIONS, at_once, run_partitions
 from backfill_platform.definitions import all_assets
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources import lakehouse as lakehouse_module
+from backfill_platform.resources.delta_io_manager import READ_VERSIONS
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -241,6 +244,20 @@ def test_ranged_run_evaluates_every_partition_and_all_checks_pass(built):
     assert all(f["orders"] == 40 for f in fct) and fct[0]["revenue_usd"] > 0
     staged = [observed[(STAGING_ORDERS, d)] for d in DAYS]
     assert [s["superseded_versions"] for s in staged] == [2] * 5 + [1]
+
+    # Each mart's commit and materialization record the staging version its write read: its
+    # check proves the write against that version while the live stream may replace
+    # staging's days.
+    lake = platform.resources["lakehouse"]
+    staging_now = lake.current_version(STAGING_ORDERS)
+    for key in (FCT_DAILY_REVENUE, CUSTOMER_LTV):
+        assert versions_of_run(lake, key, result.run_id, STAGING_ORDERS) == (
+            lake.current_version(key),
+            staging_now,
+        ), key
+        materialized, *_ = result.asset_materializations_for_node(key.to_python_identifier())
+        read = json.loads(materialized.metadata[READ_VERSIONS].value)
+        assert read[STAGING_ORDERS.to_user_string()] == staging_now, key
 
 
 @pytest.mark.slow

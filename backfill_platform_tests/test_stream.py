@@ -36,7 +36,12 @@ from pyspark.sql import functions as F
 from backfill_platform import cli
 from backfill_platform.assets import all_assets
 from backfill_platform.automation.window_sensor import rolling_window_sensor
-from backfill_platform.checks.reconciliation import raw_vs_landing, staging_vs_raw, versions_of_run
+from backfill_platform.checks.reconciliation import (
+    fct_vs_staging,
+    raw_vs_landing,
+    staging_vs_raw,
+    versions_of_run,
+)
 from backfill_platform.checks.results import CheckOutcome, PartitionResult
 from backfill_platform.checks.stream import stream_vs_topic
 from backfill_platform.definitions import build_resources
@@ -60,7 +65,12 @@ from backfill_platform.sources.crm_process import free_port
 from backfill_platform.sources.kafka_broker import kafka_broker, new_cluster_id, running_broker
 from backfill_platform.sources.kafka_broker import main as kafka_cli
 from backfill_platform.sources.producer import Message, produce, shop_events
-from backfill_platform.tables import RAW_ORDERS, STAGING_ORDERS, STAGING_REJECTS
+from backfill_platform.tables import (
+    FCT_DAILY_REVENUE,
+    RAW_ORDERS,
+    STAGING_ORDERS,
+    STAGING_REJECTS,
+)
 from backfill_platform.transforms.orders import latest_wins
 from backfill_platform_tests.harness import (
     Platform,
@@ -631,6 +641,11 @@ def test_stream_stages_its_batches_itself(stream_platform, broker, monkeypatch, 
     )
     assert staged_days == {} and held == [day]
     assert platform.version("staging/orders") == version
+    # fct of the day, from that staging: its commit records the staging version its run
+    # read (the IO manager's loaded inputs).
+    marts = platform.materialize(day, selection=["marts/fct_daily_revenue"])
+    fct_version, fct_read = versions_of_run(lake, FCT_DAILY_REVENUE, marts.run_id, STAGING_ORDERS)
+    assert fct_read == version
 
     # A message for the same day, folded after that run committed: the run's blocking
     # check proves the run's own commit (staging at the version it wrote, raw at the one it
@@ -649,6 +664,12 @@ def test_stream_stages_its_batches_itself(stream_platform, broker, monkeypatch, 
     assert not mixed.passed and mixed.actual == mixed.expected + 1, mixed
     (now,) = staging_vs_raw(lake, span).results  # the current tables agree too
     assert now.passed, now
+    # fct's check likewise proves the run's fct against the staging it read; the stream's
+    # newer staging holds one more order of the day than the run's fct.
+    (fct_at_run,) = fct_vs_staging(lake, span, fct_read, fct_version).results
+    assert fct_at_run.passed, fct_at_run
+    (fct_now,) = fct_vs_staging(lake, span).results
+    assert not fct_now.passed, fct_now
 
 
 def test_a_flood_of_malformed_messages_is_rejected_one_by_one(broker, spark, tmp_path):

@@ -303,13 +303,27 @@ def fct_matches_staging(
     context: AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> CheckEvents:
     """Per event day and currency: orders, paid orders, revenue_local equal staging's, exactly."""
-    outcome = fct_vs_staging(lakehouse, run_partitions(context))
+    run = run_partitions(context)
+    # In the run that built fct: the version it committed, the staging version it read.
+    version, staging_version = versions_written(
+        context, lakehouse, FCT_DAILY_REVENUE, STAGING_ORDERS, run
+    )
+    outcome = fct_vs_staging(lakehouse, run, staging_version, version)
     log_partition_metrics(context, outcome)
     yield from record(context, outcome)
 
 
-def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
-    """The equation of `fct_matches_staging` over `run`'s partitions.
+def fct_vs_staging(
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    staging_version: int | None = None,
+    fct_version: int | None = None,
+) -> CheckOutcome:
+    """The equation of `fct_matches_staging` over `run`'s partitions, staging at
+    `staging_version` and fct at `fct_version` (None: the current versions). With
+    BACKFILL_STREAM_STAGING the live stream replaces staging's days while a backfill runs,
+    and folds them into fct later: the run's check proves its own write against what it
+    read, as `staging_vs_raw` does.
 
     Staging's sums per (day, currency) and fct's rows are two small aggregations read at
     once and compared here, exactly (decimals), rather than one Spark join of the two: the
@@ -317,7 +331,7 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
     paid = F.col("status") == "paid"
     staged, fct = at_once(
         lambda: (
-            lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end)
+            lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end, staging_version)
             .groupBy("event_date", "currency")
             .agg(
                 F.count(F.lit(1)).alias("orders"),
@@ -329,7 +343,7 @@ def fct_vs_staging(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
             .collect()
         ),
         lambda: (
-            lakehouse.read_partitions(FCT_DAILY_REVENUE, run.start, run.end)
+            lakehouse.read_partitions(FCT_DAILY_REVENUE, run.start, run.end, fct_version)
             .select(
                 "event_date",
                 "currency",
@@ -402,11 +416,23 @@ def ltv_rolls_forward(
     D-1 is read from the table (the snapshot before the run's range included), D's paid
     orders from staging at point-in-time FX; first_order_date must carry over or be D.
     """
-    yield from record(context, ltv_vs_previous_day(lakehouse, run_partitions(context)))
+    run = run_partitions(context)
+    # In the run that built the snapshots: the version it committed, the staging it read.
+    version, staging_version = versions_written(
+        context, lakehouse, CUSTOMER_LTV, STAGING_ORDERS, run
+    )
+    yield from record(context, ltv_vs_previous_day(lakehouse, run, staging_version, version))
 
 
-def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> CheckOutcome:
-    """The equation of `ltv_rolls_forward` over `run`'s partitions.
+def ltv_vs_previous_day(
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    staging_version: int | None = None,
+    ltv_version: int | None = None,
+) -> CheckOutcome:
+    """The equation of `ltv_rolls_forward` over `run`'s partitions, staging at
+    `staging_version` and customer_ltv at `ltv_version` (None: the current versions), for
+    the reason `fct_vs_staging` gives.
 
     Proven per day from sums, not by joining every (customer, day) of two snapshots: each
     customer carries a weight from a hash of its id (1 to 2^20), and per snapshot day the
@@ -418,10 +444,11 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> CheckOut
     the join was 24 s of a 92-day run's check and these sums are about 3 s
     (docs/performance.md).
     """
+    versions = (staging_version, ltv_version)
     try:
-        days = _ltv_step_sums(lakehouse, run)
+        days = _ltv_step_sums(lakehouse, run, *versions)
     except ArithmeticException:  # a weighted sum beyond DECIMAL(38,10): prove it row by row
-        return _ltv_joined(lakehouse, run)[0]
+        return _ltv_joined(lakehouse, run, *versions)[0]
     results, failing = [], []
     for key in run.partition_keys():
         actual, want = days[key]
@@ -432,7 +459,7 @@ def ltv_vs_previous_day(lakehouse: LakehouseResource, run: DayRange) -> CheckOut
         if not passed:
             failing.append(key)
     if failing:
-        _, named = _ltv_joined(lakehouse, DayRange(failing[0], failing[-1]))
+        _, named = _ltv_joined(lakehouse, DayRange(failing[0], failing[-1]), *versions)
         for result in results:
             if not result.passed:
                 result.detail = named.get(result.partition) or (
@@ -447,14 +474,19 @@ def _weight() -> Column:
     return F.xxhash64("customer_id").bitwiseAND(F.lit(WEIGHT_MASK)) + F.lit(1)
 
 
-def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tuple[dict, dict]]:
+def _ltv_step_sums(
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    staging_version: int | None,
+    ltv_version: int | None,
+) -> dict[str, tuple[dict, dict]]:
     """Per day of `run`: the snapshot's sums, and what the day before's sums plus the day's
     paid orders and new customers make them: four small aggregations (the snapshots, the
     new customers, the paid orders per currency, their rates), no join of orders with
     rates row by row."""
     one_day = timedelta(days=1)
     opening_day = run.start - one_day
-    ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end)
+    ltv = lakehouse.read_partitions(CUSTOMER_LTV, opening_day, run.end, ltv_version)
     weight = _weight()  # after the read: a column needs the session the read starts
     revenue = F.col("lifetime_revenue_usd").cast(SUM_TYPE)
     snapshots = {  # a sum over no value is NULL: 0 here
@@ -470,7 +502,7 @@ def _ltv_step_sums(lakehouse: LakehouseResource, run: DayRange) -> dict[str, tup
         )
         .collect()
     }
-    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
+    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end, staging_version).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
     # A customer is new on its first paid day in the run unless the opening snapshot has it.
@@ -553,11 +585,16 @@ def _ltv_outcome(results: list[PartitionResult]) -> CheckOutcome:
     )
 
 
-def _ltv_joined(lakehouse: LakehouseResource, run: DayRange) -> tuple[CheckOutcome, dict[str, str]]:
+def _ltv_joined(
+    lakehouse: LakehouseResource,
+    run: DayRange,
+    staging_version: int | None = None,
+    ltv_version: int | None = None,
+) -> tuple[CheckOutcome, dict[str, str]]:
     """The same equation row by row: every (customer, day) of the snapshots joined with the
     day before's and the day's paid orders; its details name the customers that differ."""
     one_day = timedelta(days=1)
-    ltv = lakehouse.read_partitions(CUSTOMER_LTV, run.start - one_day, run.end)
+    ltv = lakehouse.read_partitions(CUSTOMER_LTV, run.start - one_day, run.end, ltv_version)
     current = ltv.where(F.col("snapshot_date") >= F.lit(run.start)).select(
         "snapshot_date",
         "customer_id",
@@ -572,7 +609,7 @@ def _ltv_joined(lakehouse: LakehouseResource, run: DayRange) -> tuple[CheckOutco
         F.col("lifetime_revenue_usd").cast(SUM_TYPE).alias("p_revenue"),
         F.col("first_order_date").alias("p_first"),
     )
-    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end).where(
+    paid = lakehouse.read_partitions(STAGING_ORDERS, run.start, run.end, staging_version).where(
         (F.col("status") == "paid") & F.col("customer_id").isNotNull()
     )
     rates = lakehouse.read_partitions(RAW_FX_RATES, run.start - timedelta(days=REACH_DAYS), run.end)

@@ -10,6 +10,7 @@ production asset in a run that carries it, is refused before anything is written
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from dagster import (
@@ -32,7 +33,9 @@ from backfill_platform.tables import KEPT_IN_RUN, production_key, run_shadow_suf
 SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purge override
 # Output metadata key: the Delta version of each input table the output was computed from,
 # JSON {"raw/orders": 41}. Recorded on the commit so a check can read the same snapshot
-# while another writer (the live stream) keeps appending to the input.
+# while another writer (the live stream) keeps appending to the input. An asset that reads
+# its inputs itself sets it (assets/staging.py); the versions of the inputs this IO manager
+# loads for the step are recorded otherwise.
 READ_VERSIONS = "read_versions"
 
 PARTITION_EXPR = "partition_expr"
@@ -54,6 +57,8 @@ class DeltaIOManager(ConfigurableIOManager):
 
     lakehouse: LakehouseResource
     _shadow_suffix: str | None = PrivateAttr(default=None)
+    # Step key -> {input table: the Delta version `load_input` read for that step}.
+    _read_by_step: dict[str, dict[str, int]] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
@@ -69,6 +74,8 @@ class DeltaIOManager(ConfigurableIOManager):
             return
         observed = obj if isinstance(obj, ObservedFrame) else None
         lakehouse, key = self._table(context, writing=True)
+        explicit = (context.output_metadata or {}).get(READ_VERSIONS)
+        read = None if explicit is not None else self._read_by_step.get(context.step_key)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
         commit = lakehouse.replace_range(
@@ -77,7 +84,7 @@ class DeltaIOManager(ConfigurableIOManager):
             partition_column=column,
             start=window.start.date(),
             end=window.end.date(),
-            user_metadata=commit_metadata(context),
+            user_metadata=commit_metadata(context, read),
             # A shadow's lakehouse is built per call, so no later step could read its keep.
             keep=lakehouse is self.lakehouse
             and key in KEPT_IN_RUN
@@ -92,6 +99,7 @@ class DeltaIOManager(ConfigurableIOManager):
                 "rows_replaced": commit.rows_removed,
                 "partition_range": f"[{window.start.date()}, {window.end.date()})",
                 "table_path": MetadataValue.path(lakehouse.table_path(key)),
+                **({READ_VERSIONS: json.dumps(read, sort_keys=True)} if read else {}),
                 # Only after a successful write: Observation.get waits for the first action.
                 **(observed.observation.get if observed else {}),
             }
@@ -121,7 +129,11 @@ class DeltaIOManager(ConfigurableIOManager):
         if not lakehouse.exists(key):
             return None
         column = _partition_column(context.upstream_output.definition_metadata, context)
-        return lakehouse.read_range(key, column, window.start.date(), window.end.date())
+        # One version, named: the step's output records what it was computed from.
+        version = lakehouse.current_version(key)
+        read = self._read_by_step.setdefault(context.step_context.step.key, {})
+        read[key.to_user_string()] = version
+        return lakehouse.read_range(key, column, window.start.date(), window.end.date(), version)
 
 
 def reading_twins(context: InputContext) -> list[AssetKey]:
@@ -163,13 +175,16 @@ def shadow_read_window(context: InputContext, twins: list[AssetKey]) -> TimeWind
     return TimeWindow(first, last)
 
 
-def commit_metadata(context: OutputContext) -> dict[str, str | None]:
+def commit_metadata(
+    context: OutputContext, read: dict[str, int] | None = None
+) -> dict[str, str | None]:
     """Who wrote the commit and with which code (the lakehouse adds the partition range).
 
     A deliberate source purge (assets/preservation.py) and the input versions the output
-    was computed from are recorded on the commit too.
+    was computed from (the output's own, else `read`: those its step loaded) are recorded
+    on the commit too.
     """
-    recorded = {}
+    recorded = {READ_VERSIONS: json.dumps(read, sort_keys=True)} if read else {}
     for name in (SOURCE_PURGE, READ_VERSIONS):
         value = (context.output_metadata or {}).get(name)
         if value is not None:
