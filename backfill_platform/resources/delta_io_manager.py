@@ -129,8 +129,8 @@ class DeltaIOManager(ConfigurableIOManager):
         if not lakehouse.exists(key):
             return None
         column = _partition_column(context.upstream_output.definition_metadata, context)
-        # One version, named: the step's output records what it was computed from.
-        version = lakehouse.current_version(key)
+        # The run's one version of the table, named: the output records what it read.
+        version = lakehouse.run_version(key)
         read = self._read_by_step.setdefault(context.step_context.step.key, {})
         read[key.to_user_string()] = version
         return lakehouse.read_range(key, column, window.start.date(), window.end.date(), version)

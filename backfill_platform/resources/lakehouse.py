@@ -110,6 +110,8 @@ class KeptRange:
 # Run id -> what the run kept. Dagster sets up the IO manager's lakehouse and the one the
 # assets and checks are given as two instances; the run's kept ranges are one for both.
 _KEPT_BY_RUN: dict[str, dict[str, KeptRange]] = {}
+# Run id -> storage path -> the version of that table the run's steps read (`run_version`).
+_VERSIONS_BY_RUN: dict[str, dict[str, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -170,11 +172,16 @@ class LakehouseResource(ConfigurableResource):
     _run_shadows: dict[str, bool] = PrivateAttr(default_factory=dict)
     # Storage path -> the range the run last wrote there (`replace_range(keep=True)`).
     _kept: dict[str, KeptRange] = PrivateAttr(default_factory=dict)
+    # Storage path -> the version this run wrote last there, or first read there.
+    _run_versions: dict[str, int] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._run_shadow_suffix = run_shadow_suffix(context.run.tags if context.run else {})
         self._run_shadows = {}
         self._kept = _KEPT_BY_RUN.setdefault(context.run_id, {}) if context.run_id else {}
+        self._run_versions = (
+            _VERSIONS_BY_RUN.setdefault(context.run_id, {}) if context.run_id else {}
+        )
         if context.run is not None:
             # Every run of the code location sets this resource up, the daemon's included:
             # the one place to give the run's instance pooled, batched event writes.
@@ -183,6 +190,24 @@ class LakehouseResource(ConfigurableResource):
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         for kept in _KEPT_BY_RUN.pop(context.run_id, {}).values():
             kept.persisted.unpersist()
+        _VERSIONS_BY_RUN.pop(context.run_id, None)
+
+    def run_version(self, key: AssetKey | str) -> int | None:
+        """The version of `key` the run's steps read: the one the run wrote last, else the
+        one a step of the run read first (pinned then), so every step sees one version.
+
+        The live stream may replace staging's days between two steps of a run; two marts
+        built from two versions of staging would not agree, nor would their checks. Steps
+        that run in processes of their own (a deployment's multiprocess executor) share no
+        memory, so each pins its own.
+        """
+        path = self.table_path(key)
+        if path not in self._run_versions:
+            version = self.current_version(key)
+            if version is None:
+                return None
+            self._run_versions[path] = version
+        return self._run_versions[path]
 
     @property
     def session(self) -> SparkSession:
@@ -481,6 +506,7 @@ class LakehouseResource(ConfigurableResource):
             if keep:
                 df.unpersist()
             raise
+        self._run_versions[self.table_path(key)] = commit.version
         if keep:
             # The table's columns now: the ones it had (a write never drops or retypes one),
             # then those the write added, in the frame's order.
