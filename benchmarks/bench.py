@@ -25,7 +25,14 @@ from typing import Any
 
 from benchmarks import dagster_events
 from benchmarks.anchor_same_tables import SAME_TABLE_COLUMNS
-from benchmarks.measure import MemorySampler, SparkLog, load_average, machine_info, stopwatch
+from benchmarks.measure import (
+    MemorySampler,
+    SparkLog,
+    load_average,
+    machine_info,
+    spark_with_event_log,
+    stopwatch,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FCT_COLUMNS = ["event_date", "currency", "orders", "paid_orders", "revenue_local", "revenue_usd"]
@@ -269,25 +276,7 @@ class Bench:
         return [e for e in self.crm.requests() if e["status"] != 429]
 
     def _spark_resource(self):
-        from backfill_platform.resources import SparkSessionResource
-        from backfill_platform.settings import (
-            SPARK_DRIVER_MEMORY,
-            SPARK_MASTER,
-            SPARK_SHUFFLE_PARTITIONS,
-            setting,
-        )
-
-        return SparkSessionResource(
-            master=setting(SPARK_MASTER),
-            shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
-            driver_memory=setting(SPARK_DRIVER_MEMORY),
-            extra_conf={
-                "spark.eventLog.enabled": "true",
-                "spark.eventLog.dir": self.events.resolve().as_uri(),
-                "spark.eventLog.compress": "false",
-                "spark.eventLog.rolling.enabled": "false",
-            },
-        )
+        return spark_with_event_log(self.events)
 
     def _start_postgres(self) -> None:
         """The instances' PostgreSQL server, in a folder of its own its user can reach when

@@ -37,7 +37,7 @@ from unittest import mock
 
 from dagster import AssetCheckResult, asset_check
 
-from benchmarks.measure import SparkLog, write_result
+from benchmarks.measure import SparkLog, spark_with_event_log, write_result
 
 CRM_TABLES = {"raw/crm_customer_history", "staging/customers", "marts/fct_revenue_by_segment"}
 
@@ -96,14 +96,7 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     from backfill_platform.checks import all_checks
     from backfill_platform.definitions import all_assets, build_resources
     from backfill_platform.partitions import daily_partitions
-    from backfill_platform.resources import SparkSessionResource
     from backfill_platform.runner import backfill
-    from backfill_platform.settings import (
-        SPARK_DRIVER_MEMORY,
-        SPARK_MASTER,
-        SPARK_SHUFFLE_PARTITIONS,
-        setting,
-    )
     from backfill_platform.sources.generate import generate_landing
 
     def crm(keys) -> bool:
@@ -119,12 +112,7 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     generate_landing(landing, first, last, orders_per_day, 7, progress=False)
     events = work / "spark-events"
     events.mkdir()
-    spark = SparkSessionResource(
-        master=setting(SPARK_MASTER),
-        shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
-        driver_memory=setting(SPARK_DRIVER_MEMORY),
-        extra_conf=_event_log(events),
-    )
+    spark = spark_with_event_log(events)
     passes = {}
     for name in ("cold", "warm"):  # one session: the warm pass keeps the JVM
         lakehouse = work / f"lakehouse-{name}"
@@ -172,17 +160,6 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
         }
     spark.get_session().stop()  # its event log is in `work`, which the caller removes
     return passes
-
-
-def _event_log(folder: Path) -> dict[str, str]:
-    """Spark's event log as plain JSON lines in one file, which is flushed at each job's end
-    and read while the session runs (`make bench` sets the same)."""
-    return {
-        "spark.eventLog.enabled": "true",
-        "spark.eventLog.dir": folder.resolve().as_uri(),
-        "spark.eventLog.compress": "false",
-        "spark.eventLog.rolling.enabled": "false",
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

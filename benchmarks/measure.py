@@ -222,6 +222,31 @@ class SparkLog:
         return sorted(rows, key=lambda r: -r["seconds"])[:n]
 
 
+def spark_with_event_log(folder: Path):
+    """The platform's Spark settings (from the environment, as the code location reads
+    them) plus Spark's event log as plain JSON lines in one file in `folder`: flushed at each
+    job's end, so `SparkLog.read` can read it while the session runs."""
+    from backfill_platform.resources import SparkSessionResource
+    from backfill_platform.settings import (
+        SPARK_DRIVER_MEMORY,
+        SPARK_MASTER,
+        SPARK_SHUFFLE_PARTITIONS,
+        setting,
+    )
+
+    return SparkSessionResource(
+        master=setting(SPARK_MASTER),
+        shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
+        driver_memory=setting(SPARK_DRIVER_MEMORY),
+        extra_conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": folder.resolve().as_uri(),
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        },
+    )
+
+
 def _last_stage_name(job_start: dict) -> str:
     """The call site of a job's final stage, which Spark names after the action."""
     stages = job_start.get("Stage Infos") or []
