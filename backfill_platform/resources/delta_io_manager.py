@@ -74,8 +74,11 @@ class DeltaIOManager(ConfigurableIOManager):
             return
         observed = obj if isinstance(obj, ObservedFrame) else None
         lakehouse, key = self._table(context, writing=True)
-        explicit = (context.output_metadata or {}).get(READ_VERSIONS)
-        read = None if explicit is not None else self._read_by_step.get(context.step_key)
+        # The output's own read_versions, else those of the inputs its step loaded.
+        loaded = self._read_by_step.get(context.step_key)
+        read = None
+        if loaded and (context.output_metadata or {}).get(READ_VERSIONS) is None:
+            read = json.dumps(loaded, sort_keys=True)
         column = _partition_column(context.definition_metadata, context)
         window = context.asset_partitions_time_window
         commit = lakehouse.replace_range(
@@ -99,7 +102,7 @@ class DeltaIOManager(ConfigurableIOManager):
                 "rows_replaced": commit.rows_removed,
                 "partition_range": f"[{window.start.date()}, {window.end.date()})",
                 "table_path": MetadataValue.path(lakehouse.table_path(key)),
-                **({READ_VERSIONS: json.dumps(read, sort_keys=True)} if read else {}),
+                **({READ_VERSIONS: read} if read else {}),
                 # Only after a successful write: Observation.get waits for the first action.
                 **(observed.observation.get if observed else {}),
             }
@@ -175,16 +178,14 @@ def shadow_read_window(context: InputContext, twins: list[AssetKey]) -> TimeWind
     return TimeWindow(first, last)
 
 
-def commit_metadata(
-    context: OutputContext, read: dict[str, int] | None = None
-) -> dict[str, str | None]:
+def commit_metadata(context: OutputContext, read: str | None = None) -> dict[str, str | None]:
     """Who wrote the commit and with which code (the lakehouse adds the partition range).
 
     A deliberate source purge (assets/preservation.py) and the input versions the output
-    was computed from (the output's own, else `read`: those its step loaded) are recorded
-    on the commit too.
+    was computed from (the output's own, else `read`: the JSON of those its step loaded)
+    are recorded on the commit too.
     """
-    recorded = {READ_VERSIONS: json.dumps(read, sort_keys=True)} if read else {}
+    recorded = {READ_VERSIONS: read} if read else {}
     for name in (SOURCE_PURGE, READ_VERSIONS):
         value = (context.output_metadata or {}).get(name)
         if value is not None:
