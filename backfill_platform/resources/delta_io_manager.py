@@ -43,13 +43,13 @@ PARTITION_EXPR = "partition_expr"
 
 @dataclass(frozen=True)
 class ObservedFrame:
-    """A DataFrame to write and an `Observation` on it (`DataFrame.observe`): aggregates
+    """A DataFrame to write and `Observation`s on it (`DataFrame.observe`): aggregates
     Spark computes inside the write job itself, added to the output's metadata once the
     commit is done. Counting the rows about to be written would otherwise take a pass of
     its own, or a cache of every row (raw/orders: the whole parsed delivery)."""
 
     df: DataFrame
-    observation: Observation
+    observations: tuple[Observation, ...]
 
 
 class DeltaIOManager(ConfigurableIOManager):
@@ -104,7 +104,11 @@ class DeltaIOManager(ConfigurableIOManager):
                 "table_path": MetadataValue.path(lakehouse.table_path(key)),
                 **({READ_VERSIONS: read} if read else {}),
                 # Only after a successful write: Observation.get waits for the first action.
-                **(observed.observation.get if observed else {}),
+                **{
+                    k: v
+                    for o in (observed.observations if observed else ())
+                    for k, v in o.get.items()
+                },
             }
         )
 
