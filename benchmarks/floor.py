@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from backfill_platform.resources.landing import FX_RATES, ORDERS, LandingZoneResource
 from backfill_platform.resources.spark import SparkSessionResource
 from backfill_platform.transforms.fx import parse_rates, with_usd
-from backfill_platform.transforms.lines import read_lines
+from backfill_platform.transforms.lines import counted, read_lines
 from backfill_platform.transforms.orders import latest_wins, parse_orders, with_unknown_currency
 from backfill_platform.transforms.revenue import customer_ltv, daily_revenue
 
@@ -36,7 +36,8 @@ def run_floor(spark: SparkSession, landing_dir: Path, days: list[date], out_dir:
     rates = rates.where(F.col("reject_reason").isNull()).persist()
     known = sorted({"USD", *(r["currency"] for r in rates.select("currency").distinct().collect())})
 
-    lines = read_lines(spark, landing.files(ORDERS, keys), "ingest_date")
+    # Counted as raw/orders counts them: the parse then compiles apart (`counted`).
+    lines, _ = counted(read_lines(spark, landing.files(ORDERS, keys), "ingest_date"), "lines")
     parsed = parse_orders(lines.where(~F.col("is_blank")).drop("is_blank")).withColumnRenamed(
         "day", "ingest_date"
     )

@@ -26,7 +26,7 @@ from backfill_platform.resources.delta_io_manager import ObservedFrame
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS, table
 from backfill_platform.transforms.fx import fx_problems, parse_rates
-from backfill_platform.transforms.lines import read_lines
+from backfill_platform.transforms.lines import counted, read_lines
 from backfill_platform.transforms.orders import null_kafka_columns, parse_orders
 
 
@@ -57,17 +57,8 @@ def raw_orders(
     """
     files = landing.files(ORDERS, context.partition_keys)
     held = held_rows(lakehouse, RAW_ORDERS, *run_dates(context))
-    # Counted as read, before the parse: an observation also ends the code Spark generates
-    # for the line split, so the parse compiles to a method of its own. As one method the
-    # two were over HotSpot's 8,000 bytes for compiling a method and ran interpreted
-    # (docs/performance.md: a 31-day parse to Spark's noop sink 5.7 -> 4.3 s).
-    read = Observation("raw_orders_lines")
-    blank = F.col("is_blank")
-    lines = read_lines(spark.get_session(), files, "ingest_date").observe(
-        read,
-        F.count(F.when(~blank, True)).alias("rows"),
-        F.count(F.when(blank, True)).alias("blank_lines_skipped"),
-    )
+    # Counted as read, before the parse: the parse then compiles apart (`counted`).
+    lines, read = counted(read_lines(spark.get_session(), files, "ingest_date"), "raw_lines")
     every_line = (
         parse_orders(lines)
         .withColumnRenamed("day", "ingest_date")
@@ -84,7 +75,7 @@ def raw_orders(
     stats = Observation("raw_orders")
     observed = every_line.observe(
         stats,
-        F.count(F.when(~blank, F.col("reject_reason"))).alias("invalid_rows"),
+        F.count(F.when(~F.col("is_blank"), F.col("reject_reason"))).alias("invalid_rows"),
         F.count(F.when(F.col("event_date") < F.col("ingest_date"), True)).alias("late_rows"),
     )
     context.add_output_metadata(
@@ -93,7 +84,7 @@ def raw_orders(
             "files": MetadataValue.md("\n".join(f"- `{f}`" for f in files[:50]) or "none"),
         }
     )
-    return ObservedFrame(observed.where(~blank).drop("is_blank"), (read, stats))
+    return ObservedFrame(observed.where(~F.col("is_blank")).drop("is_blank"), (read, stats))
 
 
 @asset(
