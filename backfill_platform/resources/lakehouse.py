@@ -197,9 +197,8 @@ class LakehouseResource(ConfigurableResource):
         one a step of the run read first (pinned then), so every step sees one version.
 
         The live stream may replace staging's days between two steps of a run; two marts
-        built from two versions of staging would not agree, nor would their checks. Steps
-        that run in processes of their own (a deployment's multiprocess executor) share no
-        memory, so each pins its own.
+        built from two versions of staging would not agree, nor would their checks. The pin
+        is the process's: the code location runs a run's steps in one process.
         """
         path = self.table_path(key)
         if path not in self._run_versions:
