@@ -158,6 +158,11 @@ class SparkSessionResource(ConfigurableResource):
             # `KeptRange`); encoding them costs more than it saves: 276k staging rows took
             # 0.7 s more to write compressed, 0.2 s more uncompressed (33 MB).
             "spark.sql.inMemoryColumnarStorage.compressed": "false",
+            # Spark keeps 100 compiled query classes; a run's queries need several hundred,
+            # most the same in every run (the checks', Delta's own), so at 100 each run
+            # compiled them again: 16 one-day runs compiled 3,200 classes, 640 with 1,000
+            # kept (docs/performance.md).
+            "spark.sql.codegen.cache.maxEntries": "1000",
             "spark.driver.memory": self.driver_memory,
             # Read when the driver JVM starts (pyspark passes the conf to spark-submit);
             # `defaultJavaOptions` leaves `extraJavaOptions` to deployments.
