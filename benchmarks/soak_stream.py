@@ -18,7 +18,9 @@ After each simulated day, once raw holds every message sent so far, it records: 
 of the day and their seconds (from the stream's log), the data files of the day's partition
 of `raw/orders` (written by the stream, and live at the end of the day, then at the end of
 the soak), the most small files any day holds, the stream's reports in Dagster's event log,
-and the stream JVM's heap after a full GC (`jcmd GC.run`, then `GC.heap_info`).
+and the stream JVM's heap after a full GC (`jcmd GC.run`, then `GC.heap_info`) with its
+metaspace (reported, not judged: the classes Spark keeps compiled, at most
+`spark.sql.codegen.cache.maxEntries` of its generated ones).
 
 At the end a backfill of every day folds in what the window did not reach (late versions of
 older days) and every table is compared with the contract's answer over landing files and
@@ -66,6 +68,7 @@ BATCH_LINE = re.compile(
 )
 LEFT_FOR_LATER = re.compile(r"compaction of raw/orders .* left for later: ")
 HEAP_USED = re.compile(r"used (\d+)K")
+METASPACE_USED = re.compile(r"Metaspace\s+used (\d+)K")
 HEAP_MARGIN = 0.10  # the last day's heap over the first's
 SLOWDOWN_MARGIN = 0.20  # the last tenth of the batches over the first tenth (medians)
 TENTH_AT_LEAST = 10  # batches in a tenth for its median to judge by (CI's 14 batches do not)
@@ -183,6 +186,7 @@ class Soak:
         self.backfill_outcome: dict = {}
         self.restarts_by_supervisor = 0
         self.jvm: int | None = None  # the stream JVM's pid when last measured
+        self.metaspace_mb: float | None = None  # the stream JVM's metaspace in use then
 
     def run(self) -> dict:
         from backfill_platform import cli
@@ -255,6 +259,7 @@ class Soak:
                     "compaction_rounds_left_for_later": gave_way - gave_way_before,
                     "stream_reports": events - events_before,
                     "heap_mb_after_full_gc": self._heap_mb(),
+                    "metaspace_mb": self.metaspace_mb,
                     "stream_jvm": self.jvm,
                     "supervisor": supervisor,
                     "live_path": live,
@@ -437,16 +442,19 @@ class Soak:
         return written
 
     def _heap_mb(self) -> float | None:
-        """The stream JVM's heap in use after a full GC (None when no stream runs)."""
+        """The stream JVM's heap in use after a full GC (None when no stream runs); its
+        metaspace in use goes to `metaspace_mb`."""
         pid = self.process.pid()
         jvm = self.jvm = _java_child(pid) if pid else None
+        self.metaspace_mb = None
         if jvm is None:
             return None
         subprocess.run(["jcmd", str(jvm), "GC.run"], capture_output=True, timeout=120)
         info = subprocess.run(
             ["jcmd", str(jvm), "GC.heap_info"], capture_output=True, text=True, timeout=120
         )
-        used = HEAP_USED.search(info.stdout)
+        used, metaspace = HEAP_USED.search(info.stdout), METASPACE_USED.search(info.stdout)
+        self.metaspace_mb = round(int(metaspace[1]) / 1024, 1) if metaspace else None
         return round(int(used[1]) / 1024, 1) if used else None
 
     def close(self) -> None:
@@ -543,9 +551,9 @@ def _print(result: dict) -> None:
     print(
         "| day | messages | batches | batch s (median / max) | stream files written | "
         "files at day end / at the end | most small files of a day | stream reports | "
-        "heap MB after full GC |"
+        "heap MB after full GC | metaspace MB |"
     )
-    print("|---|---:|---:|---|---:|---|---:|---:|---:|")
+    print("|---|---:|---:|---|---:|---|---:|---:|---:|---:|")
     for d in result.get("days", []):
         print(
             f"| {d['day']} | {d['messages']} | {d['batches']} | "
@@ -553,7 +561,7 @@ def _print(result: dict) -> None:
             f"{d.get('stream_files_written', '-')} | "
             f"{d['files_at_day_end']} / {d.get('files_at_the_end', '-')} | "
             f"{d['most_small_files_of_a_day']} | {d['stream_reports']} | "
-            f"{d['heap_mb_after_full_gc']} |"
+            f"{d['heap_mb_after_full_gc']} | {d.get('metaspace_mb', '-')} |"
         )
     print()
     for name, verdict in result.get("verdicts", {}).items():

@@ -60,6 +60,7 @@ def test_the_small_soak_meets_its_verdicts(tmp_path):
     # each simulated day is a new ingest day of raw/orders, reported when its batch commits
     assert all(d["stream_reports"] >= 1 for d in days), printed
     assert all(d["heap_mb_after_full_gc"] for d in days), "the stream JVM's heap, every day"
+    assert all(d["metaspace_mb"] for d in days), "the stream JVM's metaspace, every day"
     assert len({d["stream_jvm"] for d in days}) == 1, "the broker's restart kept the stream"
     assert result["stream_started_again_by_the_supervisor"] == 0
     assert [r["down_seconds"] >= 0 for r in result["broker_restarts"]] == [True]
