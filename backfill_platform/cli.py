@@ -104,6 +104,7 @@ from backfill_platform.operations.rollback import RollbackRefused, rollback
 from backfill_platform.operations.shadow import run_shadow
 from backfill_platform.operations.shadow_deployed import launch_shadow, shadow_keys
 from backfill_platform.operations.stream import (
+    STREAM_CODEGEN_CACHE_ENTRIES,
     StagingFold,
     catch_up,
     run_stream,
@@ -331,10 +332,11 @@ class Session:
         dagster_home()  # DAGSTER_HOME, or the repository's .dagster_home when unset
         self.assets = all_assets
         self.lineage = Lineage(all_assets)
+        self.codegen_cache_entries: int | None = None  # the stream's, set before first use
 
     @cached_property
     def resources(self) -> dict:
-        return build_resources()
+        return build_resources(codegen_cache_entries=self.codegen_cache_entries)
 
     @cached_property
     def instance(self) -> DagsterInstance:
@@ -820,6 +822,7 @@ def stream_compact_files() -> int:
 
 def _run_stream(session: Session, orders, trigger_seconds: float) -> Outcome:
     """The stream in this process until SIGTERM or Ctrl-C; one line per batch as it commits."""
+    session.codegen_cache_entries = STREAM_CODEGEN_CACHE_ENTRIES  # before Spark starts
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -55,9 +55,12 @@ def build_resources(
     landing_dir: str | None = None,
     lakehouse_dir: str | None = None,
     spark: SparkSessionResource | None = None,
+    codegen_cache_entries: int | None = None,
 ) -> dict[str, object]:
-    """Resources from settings; tests and tools pass their own directories."""
+    """Resources from settings; tests and tools pass their own directories, the stream's
+    process its smaller cache of compiled classes (`STREAM_CODEGEN_CACHE_ENTRIES`)."""
     spark = spark or SparkSessionResource(
+        **({"codegen_cache_entries": codegen_cache_entries} if codegen_cache_entries else {}),
         master=setting(SPARK_MASTER),
         shuffle_partitions=int_setting(SPARK_SHUFFLE_PARTITIONS),
         driver_memory=setting(SPARK_DRIVER_MEMORY),

@@ -21,6 +21,7 @@ from decimal import Decimal
 from functools import partial
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from dagster import (
@@ -986,6 +987,9 @@ def test_the_supervisors_tick_says_what_it_did(broker, tmp_path):
             if f.is_file() and f.suffix in (".err", ".out")
         ]
         assert any(started.skip_reason in text for text in logged)
+        # The stream's JVM keeps Spark's 100 compiled query classes, not the runs' 1,000: a
+        # kept class holds its source in the heap of a JVM that lives for months.
+        assert _driver_property(pid, "spark.sql.codegen.cache.maxEntries") == "100"
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         try:
@@ -994,6 +998,24 @@ def test_the_supervisors_tick_says_what_it_did(broker, tmp_path):
             os.killpg(daemon.pid, signal.SIGKILL)
             daemon.wait()
         process.stop()
+
+
+def _driver_property(pid: int, name: str, timeout: float = 180) -> str | None:
+    """A system property of the Spark driver JVM under process `pid` (spark-submit sets the
+    session's settings as such), once that JVM runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = psutil.Process(pid).children(recursive=True)
+        jvm = next((c.pid for c in children if c.name() == "java"), None)
+        if jvm is not None:
+            shown = subprocess.run(
+                ["jcmd", str(jvm), "VM.system_properties"], capture_output=True, text=True
+            ).stdout
+            for line in shown.splitlines():
+                if line.startswith(f"{name}="):
+                    return line.split("=", 1)[1]
+        time.sleep(1)
+    return None
 
 
 def _supervisor_ticks(home: Path, count: int, timeout: float) -> list:

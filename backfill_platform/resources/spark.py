@@ -78,6 +78,11 @@ class SparkSessionResource(ConfigurableResource):
     )
     driver_memory: str = "3g"
     ui_enabled: bool = False
+    codegen_cache_entries: int = Field(
+        default=1000,
+        description="Compiled query classes Spark keeps (spark.sql.codegen.cache.maxEntries): "
+        "a run's queries repeat from run to run; a stream's carry each batch's own literals.",
+    )
     s3_endpoint: str = Field(
         default="", description="S3 endpoint URL; empty: AWS for the region (BACKFILL_S3_ENDPOINT)."
     )
@@ -161,8 +166,9 @@ class SparkSessionResource(ConfigurableResource):
             # Spark keeps 100 compiled query classes; a run's queries need several hundred,
             # most the same in every run (the checks', Delta's own), so at 100 each run
             # compiled them again: 16 one-day runs compiled 3,200 classes, 640 with 1,000
-            # kept (docs/performance.md).
-            "spark.sql.codegen.cache.maxEntries": "1000",
+            # kept (docs/performance.md). Each kept class holds its source in the heap, so
+            # the long-lived stream keeps Spark's 100 (`STREAM_CODEGEN_CACHE_ENTRIES`).
+            "spark.sql.codegen.cache.maxEntries": str(self.codegen_cache_entries),
             "spark.driver.memory": self.driver_memory,
             # Read when the driver JVM starts (pyspark passes the conf to spark-submit);
             # `defaultJavaOptions` leaves `extraJavaOptions` to deployments.
