@@ -186,7 +186,6 @@ class Soak:
         self.backfill_outcome: dict = {}
         self.restarts_by_supervisor = 0
         self.jvm: int | None = None  # the stream JVM's pid when last measured
-        self.metaspace_mb: float | None = None  # the stream JVM's metaspace in use then
 
     def run(self) -> dict:
         from backfill_platform import cli
@@ -247,6 +246,7 @@ class Soak:
             events = self._stream_reports()
             gave_way = len(LEFT_FOR_LATER.findall(log))  # compaction rounds that gave way
             files = self.lake.partition_files("raw/orders", [day.isoformat()])
+            heap, metaspace = self._memory_mb()
             days.append(
                 {
                     "day": day.isoformat(),
@@ -258,8 +258,8 @@ class Soak:
                     "most_small_files_of_a_day": max(self._small_files().values(), default=0),
                     "compaction_rounds_left_for_later": gave_way - gave_way_before,
                     "stream_reports": events - events_before,
-                    "heap_mb_after_full_gc": self._heap_mb(),
-                    "metaspace_mb": self.metaspace_mb,
+                    "heap_mb_after_full_gc": heap,
+                    "metaspace_mb": metaspace,
                     "stream_jvm": self.jvm,
                     "supervisor": supervisor,
                     "live_path": live,
@@ -441,21 +441,18 @@ class Soak:
                     written[day] = written.get(day, 0) + 1
         return written
 
-    def _heap_mb(self) -> float | None:
-        """The stream JVM's heap in use after a full GC (None when no stream runs); its
-        metaspace in use goes to `metaspace_mb`."""
+    def _memory_mb(self) -> tuple[float | None, float | None]:
+        """The stream JVM's heap in use after a full GC and its metaspace in use (None for
+        what could not be read, both when no stream runs)."""
         pid = self.process.pid()
-        jvm = self.jvm = _java_child(pid) if pid else None
-        self.metaspace_mb = None
+        jvm = self.jvm = java_child(pid) if pid else None
         if jvm is None:
-            return None
+            return None, None
         subprocess.run(["jcmd", str(jvm), "GC.run"], capture_output=True, timeout=120)
         info = subprocess.run(
             ["jcmd", str(jvm), "GC.heap_info"], capture_output=True, text=True, timeout=120
-        )
-        used, metaspace = HEAP_USED.search(info.stdout), METASPACE_USED.search(info.stdout)
-        self.metaspace_mb = round(int(metaspace[1]) / 1024, 1) if metaspace else None
-        return round(int(used[1]) / 1024, 1) if used else None
+        ).stdout
+        return _megabytes(HEAP_USED.search(info)), _megabytes(METASPACE_USED.search(info))
 
     def close(self) -> None:
         from backfill_platform import cli
@@ -526,7 +523,11 @@ def _batch_time_verdict(batches: list[float]) -> dict:
     }
 
 
-def _java_child(pid: int) -> int | None:
+def _megabytes(kilobytes: re.Match | None) -> float | None:
+    return round(int(kilobytes[1]) / 1024, 1) if kilobytes else None
+
+
+def java_child(pid: int) -> int | None:
     """The JVM pyspark started under `pid` (a child, or a child's child)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
