@@ -21,7 +21,6 @@ from decimal import Decimal
 from functools import partial
 from pathlib import Path
 
-import psutil
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from dagster import (
@@ -81,6 +80,7 @@ from backfill_platform_tests.harness import (
 )
 from backfill_platform_tests.sensor_ticks import REPO, instance_at
 from backfill_platform_tests.test_contract_rules import REJECTS
+from benchmarks.soak_stream import java_child
 
 pytestmark = pytest.mark.slow
 
@@ -1005,8 +1005,7 @@ def _driver_property(pid: int, name: str, timeout: float = 180) -> str | None:
     session's settings as such), once that JVM runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        children = psutil.Process(pid).children(recursive=True)
-        jvm = next((c.pid for c in children if c.name() == "java"), None)
+        jvm = java_child(pid)
         if jvm is not None:
             shown = subprocess.run(
                 ["jcmd", str(jvm), "VM.system_properties"], capture_output=True, text=True
