@@ -22,12 +22,16 @@ from dagster import (
     AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetIn,
     AssetKey,
     AssetMaterialization,
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
+    InMemoryIOManager,
     SkipReason,
+    TimeWindowPartitionMapping,
+    asset,
     asset_check,
     build_sensor_context,
 )
@@ -42,7 +46,7 @@ from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources import lakehouse as lakehouse_module
-from backfill_platform.resources.delta_io_manager import READ_VERSIONS
+from backfill_platform.resources.delta_io_manager import OWN_DAYS_ONLY, READ_VERSIONS
 from backfill_platform.runner import RANGE_END_TAG, RANGE_START_TAG, materialize_range
 from backfill_platform.tables import (
     CUSTOMER_LTV,
@@ -50,6 +54,7 @@ from backfill_platform.tables import (
     RAW_ORDERS,
     STAGING_ORDERS,
     STAGING_REJECTS,
+    table,
 )
 from backfill_platform_tests.harness import Platform, order_line
 
@@ -616,6 +621,44 @@ def test_a_runs_checks_read_the_range_it_wrote_from_memory_until_the_run_ends(co
     [evaluation] = result.get_asset_check_evaluations()
     assert evaluation.check_name == "reads_from_memory" and evaluation.passed
     assert lakehouse_module._KEPT_BY_RUN == {}
+
+
+def test_an_input_of_its_steps_own_days_is_the_runs_write_of_them_in_memory(copy):
+    """customer_ltv waits on the week of staging before its days but reads only its own days
+    (`OWN_DAYS_ONLY`): the rows the run's staging step wrote and kept, not a Delta read."""
+    seen: dict[str, object] = {}
+    week_before = TimeWindowPartitionMapping(
+        start_offset=-7, end_offset=0, allow_nonexistent_upstream_partitions=True
+    )
+
+    @asset(
+        key="own_days_reader",
+        partitions_def=daily_partitions,
+        ins={
+            "staged": AssetIn(
+                STAGING_ORDERS, partition_mapping=week_before, metadata={OWN_DAYS_ONLY: True}
+            )
+        },
+        io_manager_key="memory",
+    )
+    def own_days_reader(staged):
+        plan = io.StringIO()
+        with contextlib.redirect_stdout(plan):
+            staged.explain()
+        seen["in_memory"] = "InMemory" in plan.getvalue()
+        column = table(STAGING_ORDERS).partition_column
+        seen["days"] = sorted(r[0].isoformat() for r in staged.select(column).distinct().collect())
+
+    result = materialize_range(
+        [*all_assets, own_days_reader],
+        DAYS[3],
+        DAYS[5],
+        {**copy.resources, "memory": InMemoryIOManager()},
+        copy.instance,
+        selection=AssetSelection.assets(STAGING_ORDERS, AssetKey("own_days_reader")),
+    )
+    assert result.success
+    assert seen == {"in_memory": True, "days": DAYS[3:6]}
 
 
 @pytest.mark.parametrize("together", ["true", "false"])

@@ -16,6 +16,7 @@ from backfill_platform.assets.common import chunked_backfill_policy, run_dates
 from backfill_platform.partitions import daily_partitions
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource, SparkSessionResource
+from backfill_platform.resources.delta_io_manager import OWN_DAYS_ONLY
 from backfill_platform.tables import (
     CUSTOMER_LTV,
     FCT_DAILY_REVENUE,
@@ -34,11 +35,11 @@ _FX_REACH = TimeWindowPartitionMapping(
 _PREVIOUS_DAY = TimeWindowPartitionMapping(
     start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True
 )
-# LTV reads only the run's staging days, but waits on the REACH_DAYS before them too, so
-# every LTV day a backfill targets waits for the staging days the backfill rebuilds before
-# it (Dagster's daemon otherwise requested the days past staging's range first:
-# docs/lineage.md, "Order of the LTV chunks"). The window is FX's reach, so a backfill
-# targets no more LTV days than before.
+# LTV reads only the run's staging days (`OWN_DAYS_ONLY`: the run's own write of them, kept in
+# memory), but waits on the REACH_DAYS before them too, so every LTV day a backfill targets
+# waits for the staging days the backfill rebuilds before it (Dagster's daemon otherwise
+# requested the days past staging's range first: docs/lineage.md, "Order of the LTV
+# chunks"). The window is FX's reach, so a backfill targets no more LTV days than before.
 _STAGED_UNTIL_DAY = _FX_REACH
 
 
@@ -94,7 +95,9 @@ def fct_daily_revenue(
     code_version=table(CUSTOMER_LTV).code_version,
     metadata=table(CUSTOMER_LTV).metadata,
     ins={
-        "staged": AssetIn(STAGING_ORDERS, partition_mapping=_STAGED_UNTIL_DAY),
+        "staged": AssetIn(
+            STAGING_ORDERS, partition_mapping=_STAGED_UNTIL_DAY, metadata={OWN_DAYS_ONLY: True}
+        ),
         "fx": AssetIn(RAW_FX_RATES, partition_mapping=_FX_REACH),
         "previous": AssetIn(CUSTOMER_LTV, partition_mapping=_PREVIOUS_DAY),
     },

@@ -39,6 +39,10 @@ SOURCE_PURGE = "source_purge"  # output metadata key set by the raw assets' purg
 READ_VERSIONS = "read_versions"
 
 PARTITION_EXPR = "partition_expr"
+# Input metadata (`AssetIn(metadata=...)`): load only the reading step's own days of a wider
+# mapped window. The mapping still orders the runs (which days must be built first); the
+# rows are the step's days, which a run that wrote them keeps in memory (`KeptRange`).
+OWN_DAYS_ONLY = "own_days_only"
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class DeltaIOManager(ConfigurableIOManager):
         window = shadow_read_window(context, twins) or (
             context.asset_partitions_time_window if context.asset_partition_keys else None
         )
+        if window is not None and (context.definition_metadata or {}).get(OWN_DAYS_ONLY):
+            window = _within_step_days(context, window)
         if window is None:
             return None
         if not lakehouse.exists(key):
@@ -141,6 +147,15 @@ class DeltaIOManager(ConfigurableIOManager):
         read = self._read_by_step.setdefault(context.step_context.step.key, {})
         read[key.to_user_string()] = version
         return lakehouse.read_range(key, column, window.start.date(), window.end.date(), version)
+
+
+def _within_step_days(context: InputContext, window: TimeWindow) -> TimeWindow | None:
+    """`window` cut to the days of the step that loads the input; None when they miss."""
+    partitions = context.asset_partitions_def
+    days = context.step_context.partition_key_range
+    start = max(window.start, partitions.time_window_for_partition_key(days.start).start)
+    end = min(window.end, partitions.time_window_for_partition_key(days.end).end)
+    return TimeWindow(start, end) if start < end else None
 
 
 def reading_twins(context: InputContext) -> list[AssetKey]:
