@@ -131,9 +131,6 @@ def customer_ltv(
                 "partitions first (LTV is cumulative and runs oldest to newest)."
             )
         base = previous.where(F.col(table(CUSTOMER_LTV).partition_column) == F.lit(day_before))
-    if staged is not None:  # the days before the run are a dependency only, not input
-        column = F.col(table(STAGING_ORDERS).partition_column)
-        staged = staged.where((column >= F.lit(start)) & (column < F.lit(run.end)))
     orders = _orders_in_usd(staged, fx, spark.get_session())
     return compute_customer_ltv(orders, base, run.days()).withColumn(
         "_loaded_at", F.current_timestamp()
