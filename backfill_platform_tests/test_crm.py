@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from itertools import pairwise
 from pathlib import Path
@@ -38,6 +38,7 @@ from backfill_platform.sources.crm_process import start_crm_server
 from backfill_platform.sources.crm_server import peak_per_second
 from backfill_platform.sources.generate import generate_landing
 from backfill_platform.tables import FCT_REVENUE_BY_SEGMENT, RAW_CRM_HISTORY, STAGING_CUSTOMERS
+from backfill_platform.transforms.customers import RAW_HISTORY_SCHEMA
 from backfill_platform_tests.harness import order_line
 
 TOKEN = "crm-test-token-7f3a"
@@ -305,6 +306,71 @@ def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path, mo
         for r in versions
         if r["customer_id"] == "newbie"
     ] == [("2024-01-05T00:00:00", None)]
+
+
+@pytest.mark.slow
+def test_customers_are_rebuilt_only_when_raw_kept_new_answers(platform, tmp_path):
+    """A run whose raw history kept no new answer commits no row to staging/customers, only
+    the days it covered; a new answer, a RESTORE or another writer's commit rebuilds it."""
+    day = "2024-01-01"
+    platform.write_orders(
+        day, [order_line("o1", "2024-01-01T12:00:00Z", customer_id="edge", amount="10.00")]
+    )
+    platform.write_rates(day, {"EUR": "1.1"})
+    lake = platform.resources["lakehouse"]
+    path = ["raw/orders", "raw/fx_rates", "staging/orders", "raw/crm_customer_history"]
+    counted: list[tuple[int, int]] = []  # each run's (versions, customers)
+
+    def run() -> tuple[bool, object]:
+        result = platform.materialize(day, selection=[*path, "staging/customers"])
+        [event] = [
+            e for e in result.get_asset_materialization_events() if e.asset_key == STAGING_CUSTOMERS
+        ]
+        meta = event.step_materialization_data.materialization.metadata
+        counted.append((meta["versions"].value, meta["customers"].value))
+        return meta["rebuilt"].value, lake.newest_commit(STAGING_CUSTOMERS)
+
+    def edge() -> list[tuple[str, str]]:
+        rows = platform.rows("staging/customers", "customer_id = 'edge'")
+        return sorted((r["valid_from"].isoformat(), r["segment"]) for r in rows)
+
+    with start_crm_server(write_crm(tmp_path / "crm", EDGE), token=TOKEN, rate=20) as crm:
+        _with_crm(platform, tmp_path, crm.url)
+        rebuilt, first = run()
+        assert rebuilt and not first.changes_no_row
+        built = platform.rows("staging/customers")
+        rebuilt, again = run()
+        assert not rebuilt and again.changes_no_row and again.version == first.version + 1
+        assert again.metrics["numAddedFiles"] == "0"  # nothing on storage either
+        assert again.user_metadata["partition_start"] == day  # the run's days, recorded
+        assert platform.rows("staging/customers") == built
+        rebuilt, third = run()  # after a commit of no change too
+        assert not rebuilt and third.changes_no_row and third.version == again.version + 1
+        assert counted == [(2, 1)] * 3  # edge's two versions, carried by the commits
+        assert crm.metrics()["admitted"] == 1
+
+        # A newer answer for `edge`, kept by another run: the next run rebuilds from it.
+        body = {
+            "customer_id": "edge",
+            "versions": [*EDGE["edge"], v("2024-01-01T11:00:00Z", "enterprise", "US")],
+        }
+        fetched = datetime.now(UTC)
+        answer = platform.spark.createDataFrame(
+            [("edge", fetched, fetched.date(), 200, json.dumps(body), "another-run")],
+            RAW_HISTORY_SCHEMA,
+        ).withColumn("_loaded_at", F.current_timestamp())
+        lake.append(RAW_CRM_HISTORY, answer, "fetched_date", {})
+        rebuilt, _ = run()
+        assert rebuilt and ("2024-01-01T11:00:00", "enterprise") in edge()
+        rebuilt, _ = run()
+        assert not rebuilt and counted[-2:] == [(3, 1)] * 2
+
+        # Undone by a RESTORE to the first build: its newest commit is not a build.
+        lake.delta_table(STAGING_CUSTOMERS).restoreToVersion(first.version)
+        assert ("2024-01-01T11:00:00", "enterprise") not in edge()
+        rebuilt, _ = run()
+        assert rebuilt and ("2024-01-01T11:00:00", "enterprise") in edge()
+        assert crm.metrics()["admitted"] == 1  # none of it called the CRM again
 
 
 @pytest.mark.slow

@@ -4,11 +4,13 @@
 in R whose newest kept answer was fetched before one of those orders' event_time (an
 answer fetched at F is final up to F), and appends the answers: a re-run calls nothing
 and replaces nothing. `staging/customers` is rebuilt whole from the newest answers under
-its table lock. `marts/fct_revenue_by_segment` attributes each order to the version in
-force at its event_time. All three are daily-partitioned on event days so they run in
-the same chunked backfills and live jobs as the other marts.
+its table lock when raw kept new ones since its last build. `marts/fct_revenue_by_segment`
+attributes each order to the version in force at its event_time. All three are
+daily-partitioned on event days so they run in the same chunked backfills and live jobs as
+the other marts.
 """
 
+from dataclasses import dataclass
 from datetime import UTC
 
 from dagster import (
@@ -48,6 +50,8 @@ from backfill_platform.transforms.customers import (
 # are live anyway; every other run (backfills, the runner, the UI) is a backfill.
 CRM_KIND_TAG = "backfill_platform/crm_kind"
 _LIVE_TAGS = ("dagster/schedule_name", "dagster/sensor_name")
+# staging/customers' commits record the raw history they were built from: "table id@version".
+BUILT_FROM = "built_from_raw"
 
 
 def crm_kind(tags: dict[str, str]) -> str:
@@ -146,25 +150,83 @@ def staging_customers(
     """SCD2 versions of every customer from the newest kept answer, rebuilt whole.
 
     The read of raw and the overwrite happen under this table's lock, so a run that
-    finished later always writes a table holding every answer kept before it."""
+    finished later always writes a table holding every answer kept before it. When raw
+    has kept no answer since the version the table was built from (a re-run, or days whose
+    customers were all fetched before), a rebuild would write the same rows: the run then
+    commits no change, only the days it covered, as raw's own commit of no answers does."""
     # A twin (shadow/staging/customers) writes its run's shadow, never production.
     target, key = lakehouse.run_target(context.asset_key)
     if not lakehouse.exists(RAW_CRM_HISTORY):
         raise Failure("raw/crm_customer_history has not been built; materialize it first.")
     with target.table_lock(f"{target.storage_name(key)}.rebuild"):
-        versions = scd2_versions(lakehouse.read(RAW_CRM_HISTORY)).withColumn(
-            "_loaded_at", F.current_timestamp()
+        raw_id, raw_version = lakehouse.content_id(RAW_CRM_HISTORY)
+        metadata = {
+            **covered_days(context, context.run_id, key),
+            BUILT_FROM: f"{raw_id}@{raw_version}",
+        }
+        last = _last_build(target, key)
+        rebuilt = not (
+            last is not None
+            and last.raw_id == raw_id
+            and lakehouse.added_nothing(RAW_CRM_HISTORY, last.raw_version, raw_version)
         )
-        version = target.overwrite(key, versions, covered_days(context, context.run_id, key))
-    counts = (
-        target.read(key, version)
-        .agg(
-            F.count(F.lit(1)).alias("versions"),
-            F.count_distinct("customer_id").alias("customers"),
-        )
-        .first()
+        if rebuilt:
+            versions = scd2_versions(lakehouse.read(RAW_CRM_HISTORY, raw_version)).withColumn(
+                "_loaded_at", F.current_timestamp()
+            )
+            version = target.overwrite(key, versions, metadata)
+            counts = _counts(target.read(key, version))
+        else:
+            # The rows are the last build's, so are their counts: the first run after a
+            # build counts them, and each commit of no change carries them on.
+            counts = last.counts or _counts(target.read(key))
+            version = target.record_unchanged(key, {**metadata, **counts})
+    return MaterializeResult(
+        metadata={
+            "delta_version": version,
+            "rebuilt": rebuilt,
+            "raw_version": raw_version,
+            **counts,
+        }
     )
-    return MaterializeResult(metadata={"delta_version": version, **counts.asDict()})
+
+
+_COUNTS = ("versions", "customers")
+
+
+@dataclass(frozen=True)
+class _Build:
+    """What staging/customers' newest commit says its rows were built from."""
+
+    raw_id: str  # raw/crm_customer_history's Delta table id
+    raw_version: int
+    counts: dict[str, int] | None  # `_COUNTS`, once a commit of no change carries them
+
+
+def _last_build(target: LakehouseResource, key) -> _Build | None:
+    """The raw history the table's rows come from, if its newest commit is this asset's
+    rebuild or commit of no change at its current code version (a RESTORE, a cutover or
+    any other writer's commit makes the next run rebuild)."""
+    newest = target.newest_commit(key)
+    if newest is None or newest.operation not in ("WRITE", "DELETE"):
+        return None
+    meta = newest.user_metadata
+    if (
+        meta.get("code_version") != table(key).code_version
+        or meta.get("write_mode") not in ("overwrite", "none")
+        or BUILT_FROM not in meta
+    ):
+        return None
+    raw_id, _, raw_version = str(meta[BUILT_FROM]).rpartition("@")
+    counts = {k: int(meta[k]) for k in _COUNTS} if all(k in meta for k in _COUNTS) else None
+    return _Build(raw_id, int(raw_version), counts)
+
+
+def _counts(versions: DataFrame) -> dict[str, int]:
+    row = versions.agg(
+        F.count(F.lit(1)).alias("versions"), F.count_distinct("customer_id").alias("customers")
+    ).first()
+    return {k: int(row[k]) for k in _COUNTS}
 
 
 @asset(

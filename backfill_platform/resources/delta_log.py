@@ -24,8 +24,21 @@ CHANGE_FEED = "delta.enableChangeDataFeed"
 @dataclass(frozen=True)
 class LoggedCommit:
     version: int
+    operation: str
     metrics: dict[str, str]
     user_metadata: dict[str, Any]
+
+    @property
+    def changes_no_row(self) -> bool:
+        """An append of no rows, or a DELETE of none: a run that recorded the days it
+        covered and wrote nothing (raw/crm_customer_history's run that called no one,
+        `LakehouseResource.record_unchanged`)."""
+        m, appended = self.metrics, self.user_metadata.get("write_mode") == "append"
+        if self.operation == "WRITE":
+            return appended and m.get("numOutputRows") == "0"
+        if self.operation == "DELETE":
+            return m.get("numDeletedRows") == "0" and m.get("numAddedFiles") == "0"
+        return False
 
 
 def open_log(session: SparkSession, path: str):
@@ -105,6 +118,7 @@ def _logged(session: SparkSession, version: int, info) -> LoggedCommit:
     user = info.userMetadata()
     return LoggedCommit(
         version=version,
+        operation=str(info.operation()),
         metrics=dict(converters.asJava(metrics.get())) if metrics.isDefined() else {},
         user_metadata=json.loads(user.get()) if user.isDefined() and user.get() else {},
     )

@@ -44,11 +44,13 @@ from pyspark.sql.types import StructType
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.refusals import refusal
 from backfill_platform.resources.delta_files import (
+    USER_METADATA_CONF,
     ZeroCopyUnavailable,
     range_files,
     swap_range,
 )
 from backfill_platform.resources.delta_log import (
+    LoggedCommit,
     feed_covers,
     identity,
     latest_version,
@@ -367,6 +369,30 @@ class LakehouseResource(ConfigurableResource):
         if not self.exists(key):
             return None
         return identity(self.session, self.table_path(key))
+
+    def newest_commit(self, key: AssetKey | str) -> LoggedCommit | None:
+        """The table's newest commit, off the log on the driver (None: no table yet)."""
+        if not self.exists(key):
+            return None
+        return next(newest_commits(self.session, self.table_path(key), 1), None)
+
+    def added_nothing(self, key: AssetKey | str, since: int, until: int) -> bool:
+        """Whether every commit of `key` after version `since` up to `until` appended no row
+        (`LoggedCommit.changes_no_row`), so the table holds at `until` exactly its rows at
+        `since`. One log file read per commit, no Spark job; False when a commit in between
+        is gone from the log or is more than fifty back."""
+        if until < since:
+            return False
+        expected = None
+        for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
+            if expected is not None and commit.version != expected:
+                return False  # a version without its commit record: cannot tell
+            if commit.version <= since:
+                return True
+            if commit.version <= until and not commit.changes_no_row:
+                return False
+            expected = commit.version - 1
+        return False
 
     @contextmanager
     def table_lock(self, key: AssetKey | str, wait: bool = True) -> Iterator[bool]:
@@ -718,6 +744,24 @@ class LakehouseResource(ConfigurableResource):
         return self._retrying_conflicts(
             name, f"replay p{partition} [{first}, {end})", attempt, metadata
         )
+
+    def record_unchanged(self, key: AssetKey | str, user_metadata: Mapping[str, Any]) -> int:
+        """Commit `user_metadata` and no change to the rows: a run that found nothing to
+        rewrite still records the days it covered (`covers`, `built_partitions`). Delta
+        commits a DELETE of no row (`skipRecordingEmptyCommits` is off); an append of no
+        rows would add an empty file to an unpartitioned table on each such run. Returns the
+        new version."""
+        name = _name(key)
+        token = uuid.uuid4().hex
+        metadata = {**user_metadata, "table": name, "write_mode": "none", "commit_token": token}
+
+        def attempt() -> int:
+            text = json.dumps(metadata, sort_keys=True, default=str)
+            with self.table_lock(key), self.spark.temporary_conf({USER_METADATA_CONF: text}):
+                self.delta_table(key).delete(F.lit(False))
+                return self._find_commit(key, token).version
+
+        return self._retrying_conflicts(name, "record", attempt, metadata)
 
     def overwrite(
         self, key: AssetKey | str, df: DataFrame, user_metadata: Mapping[str, Any]
