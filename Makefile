@@ -248,7 +248,8 @@ bench: install
 # Each check step's seconds at a small scale (62 days x 3,000 orders), on a new JVM and again
 # warm, beside a check that does nothing, each query of the staging checks' shared step
 # (BENCH_CHECK_STEPS_ARGS=--one-after-another: each on its own) and the warm pass's Spark
-# jobs by what they do: about 2 minutes idle (docs/performance.md).
+# jobs by what they do: about 2 minutes idle (docs/performance.md). `--with-crm` adds the
+# CRM's assets against the demo CRM, `--rerun` a third pass re-running the warm one's days.
 BENCH_CHECK_STEPS_ARGS ?=
 bench-check-steps: install
 	$(PY) -m benchmarks.check_steps $(BENCH_CHECK_STEPS_ARGS)

@@ -28,6 +28,7 @@ from benchmarks.anchor_same_tables import SAME_TABLE_COLUMNS
 from benchmarks.measure import (
     MemorySampler,
     SparkLog,
+    demo_crm,
     load_average,
     machine_info,
     spark_with_event_log,
@@ -200,28 +201,27 @@ class Bench:
         with stopwatch(self.seconds, "generate"):
             summary = self._generate(self.landing, args.days + 1, args.orders_per_day)
 
-        self.crm_summary = self._start_crm() if self.uses_crm else {}
-        if args.dagster_storage == "local-postgres":
-            self._start_postgres()
-        self.events.mkdir()
-        with stopwatch(self.seconds, "session_start"):
-            self.spark_resource = self._spark_resource()
-            self.spark = self.spark_resource.get_session()
-            self.spark.range(10).count()
-        # The context's conf, not the session's: a session that was already running (the
-        # tests') takes the event-log setting into its session conf but never writes a log.
-        context_conf = self.spark.sparkContext.getConf()
-        self.spark_log_enabled = context_conf.get("spark.eventLog.enabled", "false") == "true"
-
-        try:
+        with contextlib.ExitStack() as stack:
+            self.crm_summary = {}
+            if self.uses_crm:
+                self.crm, self.crm_summary = stack.enter_context(
+                    demo_crm(self.landing, self.work, self.args.seed, self.args.crm_rate)
+                )
+            if args.dagster_storage == "local-postgres":
+                self._start_postgres()
+                stack.callback(self._stop_postgres)
+            self.events.mkdir()
+            with stopwatch(self.seconds, "session_start"):
+                self.spark_resource = self._spark_resource()
+                self.spark = self.spark_resource.get_session()
+                self.spark.range(10).count()
+            # The context's conf, not the session's: a session that was already running (the
+            # tests') takes the event-log setting into its session conf but never writes a log.
+            context_conf = self.spark.sparkContext.getConf()
+            self.spark_log_enabled = context_conf.get("spark.eventLog.enabled", "false") == "true"
             with MemorySampler() as sampler:
                 self.sampler = sampler
                 result = self._measure(summary)
-        finally:
-            if self.uses_crm:
-                self._stop_crm()
-            if self.postgres is not None:
-                self._stop_postgres()
         result["load_average"] = {"start": load_start, "end": load_average()}
         return result
 
@@ -232,14 +232,6 @@ class Bench:
         chart(result, chart_path)
         return markdown(result) + f"\n\nchart: {chart_path}"
 
-    def _stop_crm(self) -> None:
-        self.crm.stop()
-        for key, value in self.crm_env.items():  # as before: the caller's settings
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
     def _generate(self, landing: Path, days: int, orders_per_day: int) -> dict:
         from backfill_platform.sources.generate import generate_landing
 
@@ -247,30 +239,6 @@ class Bench:
         return generate_landing(
             landing, self.args.start, last, orders_per_day, self.args.seed, progress=False
         )
-
-    def _start_crm(self) -> dict:
-        """The demo CRM for the landing zone, on a free port: every backfill calls it."""
-        from backfill_platform.sources.crm_data import generate_crm
-        from backfill_platform.sources.crm_process import start_crm_server
-
-        made = generate_crm(self.landing, self.work / "crm", self.args.seed)
-        token = "bench-crm-token"
-        self.crm = start_crm_server(
-            self.work / "crm",
-            token=token,
-            rate=self.args.crm_rate,
-            log=self.work / "crm_requests.jsonl",
-        )
-        keys = ("BACKFILL_CRM_URL", "BACKFILL_CRM_TOKEN", "BACKFILL_CRM_RATE_LIMIT")
-        self.crm_env = {k: os.environ.get(k) for k in keys}
-        os.environ.update(
-            {
-                "BACKFILL_CRM_URL": self.crm.url,
-                "BACKFILL_CRM_TOKEN": token,
-                "BACKFILL_CRM_RATE_LIMIT": str(self.args.crm_rate),
-            }
-        )
-        return made
 
     def _crm_calls(self) -> list[dict]:
         return [e for e in self.crm.requests() if e["status"] != 429]

@@ -8,6 +8,11 @@ in one process: once on a new JVM, then into a new lakehouse with the JVM warm. 
 does nothing (`noop`, on staging/orders) runs beside them: its step is what Dagster's step
 itself costs, apart from the check's work.
 
+`--with-crm` backfills every asset, the CRM's included, against the demo CRM on a free port
+(5,000 calls/s, as `make bench`). `--rerun` adds a third pass: the warm pass's range again,
+into the same lakehouse, as a re-run of days already built is (no CRM call: every customer's
+answer is kept).
+
 The staging checks share one step whose queries run at once (checks/staging.py), so the
 step's seconds do not say which check costs what: the bench also times each of that step's
 queries (the step's `at_once`, wrapped here). `--one-after-another` runs them one after
@@ -29,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,9 +42,10 @@ from unittest import mock
 
 from dagster import AssetCheckResult, asset_check
 
-from benchmarks.measure import SparkLog, spark_with_event_log, write_result
+from benchmarks.measure import SparkLog, demo_crm, spark_with_event_log, write_result
 
 CRM_TABLES = {"raw/crm_customer_history", "staging/customers", "marts/fct_revenue_by_segment"}
+CRM_RATE = 5000  # calls/s, the demo CRM's limit and the client's, as in `make bench`
 
 
 def _noop_check():
@@ -90,7 +96,15 @@ def staging_query_seconds() -> Iterator[dict[str, list[float]]]:
         yield seconds
 
 
-def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
+def measure(
+    days: int,
+    orders_per_day: int,
+    per_run: int,
+    work: Path,
+    *,
+    with_crm: bool = False,
+    rerun: bool = False,
+) -> dict:
     from dagster import DagsterInstance
 
     from backfill_platform.checks import all_checks
@@ -100,7 +114,7 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     from backfill_platform.sources.generate import generate_landing
 
     def crm(keys) -> bool:
-        return any(k.to_user_string() in CRM_TABLES for k in keys)
+        return not with_crm and any(k.to_user_string() in CRM_TABLES for k in keys)
 
     assets = [a for a in all_assets if not crm(a.keys)]
     checks = [c for c in all_checks if not crm(s.asset_key for s in c.check_specs)]
@@ -112,54 +126,69 @@ def measure(days: int, orders_per_day: int, per_run: int, work: Path) -> dict:
     generate_landing(landing, first, last, orders_per_day, 7, progress=False)
     events = work / "spark-events"
     events.mkdir()
-    spark = spark_with_event_log(events)
     passes = {}
-    for name in ("cold", "warm"):  # one session: the warm pass keeps the JVM
-        lakehouse = work / f"lakehouse-{name}"
-        resources = build_resources(str(landing), str(lakehouse), spark=spark)
-        instance = DagsterInstance.ephemeral()
-        window = time.time()
-        started = time.monotonic()
-        with staging_query_seconds() as queries:
-            runs = backfill(
-                assets,
-                first.isoformat(),
-                last.isoformat(),
-                resources,
-                instance,
-                per_run,
-                None,
-                checks,
+    with ExitStack() as stack:
+        server = None
+        if with_crm:
+            server, _ = stack.enter_context(demo_crm(landing, work, 7, CRM_RATE))
+        spark = spark_with_event_log(events)
+        stack.callback(lambda: spark.get_session().stop())  # its event log is in `work`
+        instances: dict[str, DagsterInstance] = {}
+        # One session: the warm pass keeps the JVM; the re-run goes into the warm lakehouse.
+        plan = [("cold", "cold"), ("warm", "warm")] + ([("rerun", "warm")] if rerun else [])
+        for name, target in plan:
+            resources = build_resources(
+                str(landing), str(work / f"lakehouse-{target}"), spark=spark
             )
-        seconds = round(time.monotonic() - started, 1)
-        steps = _step_seconds(instance, runs)
-        spark_log = SparkLog.read(events).between(window, time.time())
-        passes[name] = {
-            "backfill_seconds": seconds,
-            "runs": len(runs),
-            "asset_steps_seconds": round(
-                sum(r["seconds"] for k, r in steps.items() if k not in check_steps), 1
-            ),
-            "check_steps_seconds": round(
-                sum(r["seconds"] for k, r in steps.items() if k in check_steps), 1
-            ),
-            "steps": {
-                k: {
-                    "seconds": round(r["seconds"], 2),
-                    "steps": r["steps"],
-                    "check": k in check_steps,
-                }
-                for k, r in sorted(steps.items(), key=lambda kv: -kv[1]["seconds"])
-            },
-            "staging_queries": {
-                name: {"seconds": round(sum(s), 2), "steps": len(s)}
-                for name, s in sorted(queries.items(), key=lambda kv: -sum(kv[1]))
-            },
-            "spark": spark_log.summary(),
-            "spark_jobs_by_what": spark_log.jobs_by_description(12),
-        }
-    spark.get_session().stop()  # its event log is in `work`, which the caller removes
+            instance = instances.setdefault(target, DagsterInstance.ephemeral())
+            calls_before = _crm_calls(server)
+            window = time.time()
+            started = time.monotonic()
+            with staging_query_seconds() as queries:
+                runs = backfill(
+                    assets,
+                    first.isoformat(),
+                    last.isoformat(),
+                    resources,
+                    instance,
+                    per_run,
+                    None,
+                    checks,
+                )
+            seconds = round(time.monotonic() - started, 1)
+            steps = _step_seconds(instance, runs)
+            spark_log = SparkLog.read(events).between(window, time.time())
+            passes[name] = {
+                "backfill_seconds": seconds,
+                "runs": len(runs),
+                "crm_calls": _crm_calls(server) - calls_before,
+                "asset_steps_seconds": round(
+                    sum(r["seconds"] for k, r in steps.items() if k not in check_steps), 1
+                ),
+                "check_steps_seconds": round(
+                    sum(r["seconds"] for k, r in steps.items() if k in check_steps), 1
+                ),
+                "steps": {
+                    k: {
+                        "seconds": round(r["seconds"], 2),
+                        "steps": r["steps"],
+                        "check": k in check_steps,
+                    }
+                    for k, r in sorted(steps.items(), key=lambda kv: -kv[1]["seconds"])
+                },
+                "staging_queries": {
+                    name: {"seconds": round(sum(s), 2), "steps": len(s)}
+                    for name, s in sorted(queries.items(), key=lambda kv: -sum(kv[1]))
+                },
+                "spark": spark_log.summary(),
+                "spark_jobs_by_what": spark_log.jobs_by_description(12),
+            }
     return passes
+
+
+def _crm_calls(server) -> int:
+    """The demo CRM's answered calls so far (none without it)."""
+    return 0 if server is None else sum(e["status"] != 429 for e in server.requests())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,32 +201,53 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the staging step's queries one after another, each timed on its own",
     )
+    parser.add_argument(
+        "--with-crm",
+        action="store_true",
+        help="every asset, the CRM's included, against the demo CRM",
+    )
+    parser.add_argument(
+        "--rerun", action="store_true", help="a third pass: the warm pass's range again"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.one_after_another:
         os.environ["BACKFILL_CHECK_QUERIES_AT_ONCE"] = "false"
     with tempfile.TemporaryDirectory(prefix="bench-check-steps-") as work:
-        passes = measure(args.days, args.orders_per_day, args.per_run, Path(work))
+        passes = measure(
+            args.days,
+            args.orders_per_day,
+            args.per_run,
+            Path(work),
+            with_crm=args.with_crm,
+            rerun=args.rerun,
+        )
     cold, warm = passes["cold"], passes["warm"]
+    names = list(passes)
     print(
         f"{args.days} days x {args.orders_per_day} orders, {cold['runs']} runs a pass: "
-        f"backfill {cold['backfill_seconds']} s cold, {warm['backfill_seconds']} s warm; "
-        f"check steps {cold['check_steps_seconds']} s / {warm['check_steps_seconds']} s "
-        f"against asset steps {cold['asset_steps_seconds']} s / {warm['asset_steps_seconds']} s"
-    )
-    print("| step | check | cold s | warm s | steps |")
-    print("|---|---|---:|---:|---:|")
-    for key, row in cold["steps"].items():
-        other = warm["steps"].get(key, {})
-        print(
-            f"| {key} | {'yes' if row['check'] else ''} | {row['seconds']:.2f} | "
-            f"{other.get('seconds', 0):.2f} | {row['steps']} |"
+        + ", ".join(
+            f"{name} {p['backfill_seconds']} s (check steps {p['check_steps_seconds']} s, "
+            f"asset steps {p['asset_steps_seconds']} s, {p['crm_calls']} CRM calls)"
+            for name, p in passes.items()
         )
+    )
+    print("| step | check | " + " | ".join(f"{n} s" for n in names) + " | steps |")
+    print("|---|---|" + "---:|" * (len(names) + 1))
+    for key, row in cold["steps"].items():
+        seconds = " | ".join(
+            f"{p['steps'].get(key, {}).get('seconds', 0):.2f}" for p in passes.values()
+        )
+        print(f"| {key} | {'yes' if row['check'] else ''} | {seconds} | {row['steps']} |")
     together = "one after another" if args.one_after_another else "at once"
-    print(f"| staging step query ({together}) | cold s | warm s | steps |")
-    print("|---|---:|---:|---:|")
+    print(
+        f"| staging step query ({together}) | " + " | ".join(f"{n} s" for n in names) + " | steps |"
+    )
+    print("|---|" + "---:|" * (len(names) + 1))
     for name, row in cold["staging_queries"].items():
-        other = warm["staging_queries"].get(name, {})
-        print(f"| {name} | {row['seconds']:.2f} | {other.get('seconds', 0):.2f} | {row['steps']} |")
+        seconds = " | ".join(
+            f"{p['staging_queries'].get(name, {}).get('seconds', 0):.2f}" for p in passes.values()
+        )
+        print(f"| {name} | {seconds} | {row['steps']} |")
     jobs = warm["spark"]
     print(
         f"| warm pass's Spark jobs by what they do ({jobs['jobs']} jobs, busy "

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,6 +277,35 @@ def _union_seconds(intervals: Iterable[tuple[int, int]]) -> float:
     if current_end is not None:
         total += current_end - current_start
     return total / 1e3
+
+
+@contextmanager
+def demo_crm(landing: Path, work: Path, seed: int, rate: int) -> Iterator[tuple[object, dict]]:
+    """The demo CRM for the landing zone's customers on a free port, and the client's settings
+    pointing at it while it runs (the caller's settings back afterwards): yields the server's
+    process and what `generate_crm` made."""
+    from backfill_platform.sources.crm_data import generate_crm
+    from backfill_platform.sources.crm_process import start_crm_server
+
+    made = generate_crm(landing, work / "crm", seed)
+    token = "bench-crm-token"
+    crm = start_crm_server(work / "crm", token=token, rate=rate, log=work / "crm_requests.jsonl")
+    settings = {
+        "BACKFILL_CRM_URL": crm.url,
+        "BACKFILL_CRM_TOKEN": token,
+        "BACKFILL_CRM_RATE_LIMIT": str(rate),
+    }
+    before = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield crm, made
+    finally:
+        crm.stop()
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextmanager
