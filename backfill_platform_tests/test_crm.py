@@ -311,24 +311,26 @@ def test_point_in_time_segments_and_a_rerun_without_calls(platform, tmp_path, mo
 @pytest.mark.slow
 def test_customers_are_rebuilt_only_when_raw_kept_new_answers(platform, tmp_path):
     """A run whose raw history kept no new answer commits no row to staging/customers, only
-    the days it covered; a new answer, a RESTORE or another writer's commit rebuilds it."""
-    day = "2024-01-01"
-    platform.write_orders(
-        day, [order_line("o1", "2024-01-01T12:00:00Z", customer_id="edge", amount="10.00")]
-    )
-    platform.write_rates(day, {"EUR": "1.1"})
+    the days it covered, and nothing when the log already records them; a new answer, a
+    RESTORE or another writer's commit rebuilds it."""
+    day1, day2 = "2024-01-01", "2024-01-02"
+    for day in (day1, day2):
+        platform.write_orders(
+            day, [order_line(f"o-{day}", f"{day}T12:00:00Z", customer_id="edge", amount="10")]
+        )
+        platform.write_rates(day, {"EUR": "1.1"})
     lake = platform.resources["lakehouse"]
     path = ["raw/orders", "raw/fx_rates", "staging/orders", "raw/crm_customer_history"]
     counted: list[tuple[int, int]] = []  # each run's (versions, customers)
 
-    def run() -> tuple[bool, object]:
+    def run(day: str) -> tuple[bool, bool, object]:
         result = platform.materialize(day, selection=[*path, "staging/customers"])
         [event] = [
             e for e in result.get_asset_materialization_events() if e.asset_key == STAGING_CUSTOMERS
         ]
         meta = event.step_materialization_data.materialization.metadata
         counted.append((meta["versions"].value, meta["customers"].value))
-        return meta["rebuilt"].value, lake.newest_commit(STAGING_CUSTOMERS)
+        return meta["rebuilt"].value, meta["committed"].value, lake.newest_commit(STAGING_CUSTOMERS)
 
     def edge() -> list[tuple[str, str]]:
         rows = platform.rows("staging/customers", "customer_id = 'edge'")
@@ -336,17 +338,28 @@ def test_customers_are_rebuilt_only_when_raw_kept_new_answers(platform, tmp_path
 
     with start_crm_server(write_crm(tmp_path / "crm", EDGE), token=TOKEN, rate=20) as crm:
         _with_crm(platform, tmp_path, crm.url)
-        rebuilt, first = run()
-        assert rebuilt and not first.changes_no_row
+        rebuilt, committed, first = run(day1)
+        assert rebuilt and committed and not first.changes_no_row
         built = platform.rows("staging/customers")
-        rebuilt, again = run()
-        assert not rebuilt and again.changes_no_row and again.version == first.version + 1
-        assert again.metrics["numAddedFiles"] == "0"  # nothing on storage either
-        assert again.user_metadata["partition_start"] == day  # the run's days, recorded
+        raw_version = lake.newest_commit(RAW_CRM_HISTORY).version
+
+        # A re-run of the same day: neither table gets a new version.
+        rebuilt, committed, again = run(day1)
+        assert not rebuilt and not committed and again.version == first.version
+        assert lake.newest_commit(RAW_CRM_HISTORY).version == raw_version
+
+        # A new day whose customer was fetched before: its days recorded, no row changed.
+        rebuilt, committed, second = run(day2)
+        assert not rebuilt and committed and second.changes_no_row
+        assert second.version == first.version + 1
+        assert second.metrics["numAddedFiles"] == "0"  # nothing on storage either
+        assert second.user_metadata["partition_start"] == day2
+        assert lake.newest_commit(RAW_CRM_HISTORY).changes_no_row
+        rebuilt, committed, third = run(day2)  # recorded by a commit of no change too
+        assert not rebuilt and not committed and third.version == second.version
+        assert {day1, day2} <= set(lake.built_partitions(STAGING_CUSTOMERS))
         assert platform.rows("staging/customers") == built
-        rebuilt, third = run()  # after a commit of no change too
-        assert not rebuilt and third.changes_no_row and third.version == again.version + 1
-        assert counted == [(2, 1)] * 3  # edge's two versions, carried by the commits
+        assert counted == [(2, 1)] * 4  # edge's two versions, carried by the commits
         assert crm.metrics()["admitted"] == 1
 
         # A newer answer for `edge`, kept by another run: the next run rebuilds from it.
@@ -360,15 +373,15 @@ def test_customers_are_rebuilt_only_when_raw_kept_new_answers(platform, tmp_path
             RAW_HISTORY_SCHEMA,
         ).withColumn("_loaded_at", F.current_timestamp())
         lake.append(RAW_CRM_HISTORY, answer, "fetched_date", {})
-        rebuilt, _ = run()
-        assert rebuilt and ("2024-01-01T11:00:00", "enterprise") in edge()
-        rebuilt, _ = run()
-        assert not rebuilt and counted[-2:] == [(3, 1)] * 2
+        rebuilt, committed, _ = run(day1)
+        assert rebuilt and committed and ("2024-01-01T11:00:00", "enterprise") in edge()
+        rebuilt, committed, _ = run(day1)
+        assert not rebuilt and not committed and counted[-2:] == [(3, 1)] * 2
 
         # Undone by a RESTORE to the first build: its newest commit is not a build.
         lake.delta_table(STAGING_CUSTOMERS).restoreToVersion(first.version)
         assert ("2024-01-01T11:00:00", "enterprise") not in edge()
-        rebuilt, _ = run()
+        rebuilt, _, _ = run(day1)
         assert rebuilt and ("2024-01-01T11:00:00", "enterprise") in edge()
         assert crm.metrics()["admitted"] == 1  # none of it called the CRM again
 

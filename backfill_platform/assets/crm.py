@@ -3,7 +3,7 @@
 `raw/crm_customer_history` for event days R calls the CRM only for customers with orders
 in R whose newest kept answer was fetched before one of those orders' event_time (an
 answer fetched at F is final up to F), and appends the answers: a re-run calls nothing
-and replaces nothing. `staging/customers` is rebuilt whole from the newest answers under
+and commits nothing. `staging/customers` is rebuilt whole from the newest answers under
 its table lock when raw kept new ones since its last build. `marts/fct_revenue_by_segment`
 attributes each order to the version in force at its event_time. All three are
 daily-partitioned on event days so they run in the same chunked backfills and live jobs as
@@ -110,10 +110,17 @@ def crm_customer_history(
             _append(context, lakehouse, error.answers, covered=False)
         # Transient (an outage, timeouts past the attempts): the run retries keep it.
         raise Failure(str(error)) from None
-    _append(context, lakehouse, answers)
+    # A run that kept no answer for days the log already records has nothing to commit.
+    committed = bool(answers) or not lakehouse.recorded_days(
+        RAW_CRM_HISTORY, context.partition_keys, table(RAW_CRM_HISTORY).code_version
+    )
+    if committed:
+        _append(context, lakehouse, answers)
     if stats.throttled_429:
         context.log.warning(f"the CRM answered 429 {stats.throttled_429} times to this run")
-    return MaterializeResult(metadata={"crm_kind": kind, **stats.metadata()})
+    return MaterializeResult(
+        metadata={"crm_kind": kind, "committed": committed, **stats.metadata()}
+    )
 
 
 def _append(
@@ -153,7 +160,9 @@ def staging_customers(
     finished later always writes a table holding every answer kept before it. When raw
     has kept no answer since the version the table was built from (a re-run, or days whose
     customers were all fetched before), a rebuild would write the same rows: the run then
-    commits no change, only the days it covered, as raw's own commit of no answers does."""
+    commits no change, only the days it covered, as raw's own commit of no answers does,
+    and nothing at all when the log already records its days (a re-run): a new version of
+    the same rows would only make every later reader build that version's state."""
     # A twin (shadow/staging/customers) writes its run's shadow, never production.
     target, key = lakehouse.run_target(context.asset_key)
     if not lakehouse.exists(RAW_CRM_HISTORY):
@@ -177,14 +186,18 @@ def staging_customers(
             version = target.overwrite(key, versions, metadata)
             counts = _counts(target.read(key, version))
         else:
-            # The rows are the last build's, so are their counts: the first run after a
-            # build counts them, and each commit of no change carries them on.
+            # The rows are the last build's, so are their counts: a commit of no change
+            # carries them on, a run after the build itself counts them.
             counts = last.counts or _counts(target.read(key))
-            version = target.record_unchanged(key, {**metadata, **counts})
+            if target.recorded_days(key, context.partition_keys, table(key).code_version):
+                version = last.version  # a re-run of recorded days: nothing to commit
+            else:
+                version = target.record_unchanged(key, {**metadata, **counts})
     return MaterializeResult(
         metadata={
             "delta_version": version,
             "rebuilt": rebuilt,
+            "committed": rebuilt or version != last.version,
             "raw_version": raw_version,
             **counts,
         }
@@ -198,6 +211,7 @@ _COUNTS = ("versions", "customers")
 class _Build:
     """What staging/customers' newest commit says its rows were built from."""
 
+    version: int  # the newest commit's
     raw_id: str  # raw/crm_customer_history's Delta table id
     raw_version: int
     counts: dict[str, int] | None  # `_COUNTS`, once a commit of no change carries them
@@ -219,7 +233,7 @@ def _last_build(target: LakehouseResource, key) -> _Build | None:
         return None
     raw_id, _, raw_version = str(meta[BUILT_FROM]).rpartition("@")
     counts = {k: int(meta[k]) for k in _COUNTS} if all(k in meta for k in _COUNTS) else None
-    return _Build(raw_id, int(raw_version), counts)
+    return _Build(newest.version, raw_id, int(raw_version), counts)
 
 
 def _counts(versions: DataFrame) -> dict[str, int]:

@@ -394,6 +394,30 @@ class LakehouseResource(ConfigurableResource):
             expected = commit.version - 1
         return False
 
+    def recorded_days(self, key: AssetKey | str, days: Iterable[str], code_version: str) -> bool:
+        """Whether the newest commits, all stamped with `code_version` and none a whole
+        rewrite but the last one read, already record every partition key in `days`: a run
+        of those days that changes no row has nothing to add to the log, and a commit of no
+        change would only make a new version for every reader to build its state for. Off
+        the log on the driver, fifty commits at most; any other commit (a RESTORE, an
+        OPTIMIZE, another writer's, another code version) ends the walk."""
+        wanted = set(days)
+        if not self.exists(key):
+            return False
+        for commit in newest_commits(self.session, self.table_path(key), _NEWEST_COMMITS):
+            meta = commit.user_metadata
+            if meta.get("code_version") != code_version or commit.operation not in (
+                "WRITE",
+                "DELETE",
+            ):
+                return False
+            wanted -= set(commit_partition_keys(meta))
+            if not wanted:
+                return True
+            if meta.get("write_mode") == "overwrite":  # older commits describe rows now gone
+                return False
+        return False
+
     @contextmanager
     def table_lock(self, key: AssetKey | str, wait: bool = True) -> Iterator[bool]:
         """Serialize this machine's writers to a table on a local root; yields whether this
