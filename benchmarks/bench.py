@@ -28,6 +28,7 @@ from benchmarks.anchor_same_tables import SAME_TABLE_COLUMNS
 from benchmarks.measure import (
     MemorySampler,
     SparkLog,
+    answered_calls,
     demo_crm,
     load_average,
     machine_info,
@@ -240,9 +241,6 @@ class Bench:
             landing, self.args.start, last, orders_per_day, self.args.seed, progress=False
         )
 
-    def _crm_calls(self) -> list[dict]:
-        return [e for e in self.crm.requests() if e["status"] != 429]
-
     def _spark_resource(self):
         return spark_with_event_log(self.events)
 
@@ -352,13 +350,13 @@ class Bench:
         resources, instance, home, lakehouse = self._platform("main")
         lake = resources["lakehouse"]
         runs: dict[str, list] = {}
-        calls_before = len(self._crm_calls())
+        calls_before = len(answered_calls(self.crm))
         self._timed_backfill(runs, "platform", all_assets, resources, instance)
-        platform_calls = self._crm_calls()[calls_before:]
+        platform_calls = answered_calls(self.crm)[calls_before:]
         before = fingerprints(lake)
         raw_rows = int(before["raw/orders"][0])
         self._timed_backfill(runs, "rerun", all_assets, resources, instance)
-        rerun_calls = len(self._crm_calls()) - calls_before - len(platform_calls)
+        rerun_calls = len(answered_calls(self.crm)) - calls_before - len(platform_calls)
         crm = self._crm_report(platform_calls, rerun_calls, instance)
         rerun_same = fingerprints(lake) == before
 

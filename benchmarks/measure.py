@@ -308,6 +308,11 @@ def demo_crm(landing: Path, work: Path, seed: int, rate: int) -> Iterator[tuple[
                 os.environ[key] = value
 
 
+def answered_calls(server) -> list[dict]:
+    """The demo CRM's requests it answered (429s aside), oldest first; none without it."""
+    return [] if server is None else [e for e in server.requests() if e["status"] != 429]
+
+
 @contextmanager
 def stopwatch(into: dict, name: str):
     """Wall seconds of the block, stored as into[name]; the phase's epoch span alongside."""
