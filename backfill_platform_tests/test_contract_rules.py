@@ -2,13 +2,15 @@
 
 import json
 import shutil
+import uuid
 from decimal import Decimal
 
 import pytest
 from pyspark.sql import functions as F
 
 from backfill_platform.tables import RAW_FX_RATES
-from backfill_platform.transforms.fx import known_currencies
+from backfill_platform.transforms import fx
+from backfill_platform.transforms.fx import KNOWN_AFTER, KNOWN_FROM, known_currencies
 from backfill_platform.transforms.orders import parse_orders
 from backfill_platform_tests.harness import order_line
 
@@ -197,3 +199,57 @@ def test_known_currencies_follow_every_new_version_and_a_recreated_table(platfor
     platform.materialize("2024-01-01", selection=["raw/fx_rates"])
     assert platform.version("raw/fx_rates") == 0
     assert known_currencies(lake) == ["GBP", "USD"]
+
+
+def test_a_rates_write_records_the_known_currencies_only_when_its_delivery_tells_them(platform):
+    """A write whose delivery brings every currency known before it, or whose days held no
+    row, records the known set after it on its commit, and a new process's first answer is
+    that record, with no Spark job, equal to a scan of the table. A delivery that leaves a
+    known currency out, or a commit that records nothing (a RESTORE), leaves it to a scan."""
+    lake = platform.resources["lakehouse"]
+
+    def recorded():
+        meta = lake.newest_commit(RAW_FX_RATES).user_metadata
+        return meta.get(KNOWN_AFTER), meta.get(KNOWN_FROM)
+
+    def scanned():
+        rows = lake.read(RAW_FX_RATES).where(F.col("reject_reason").isNull()).select("currency")
+        return sorted({"USD", *(r["currency"] for r in rows.distinct().collect())})
+
+    def answer_in_a_new_process():
+        """The answer, and whether it took a Spark job."""
+        fx._KNOWN.clear()
+        context, group = lake.session.sparkContext, uuid.uuid4().hex
+        context.setJobGroup(group, "known_currencies")
+        try:
+            known = known_currencies(lake)
+        finally:
+            context.setJobGroup("", "")
+        return known, bool(context.statusTracker().getJobIdsForGroup(group))
+
+    platform.write_rates("2024-01-01", {"EUR": "1.10000000", "XYZ": "-1"})
+    platform.materialize("2024-01-01", selection=["raw/fx_rates"])
+    assert recorded() == ("EUR,USD", "none:-1")  # the table's first commit; XYZ invalid
+    table_id, _ = lake.content_id(RAW_FX_RATES)
+    platform.write_rates("2024-01-02", {"JPY": "0.00670001"})  # a day that held nothing
+    platform.materialize("2024-01-02", selection=["raw/fx_rates"])
+    assert recorded() == ("EUR,JPY,USD", f"{table_id}:0")
+    assert answer_in_a_new_process() == (["EUR", "JPY", "USD"], False)
+    assert scanned() == ["EUR", "JPY", "USD"]
+
+    platform.write_rates("2024-01-02", {"GBP": "1.25"}, name="more.csv")  # EUR left out
+    platform.materialize("2024-01-02", selection=["raw/fx_rates"])
+    assert recorded() == (None, None)
+    assert answer_in_a_new_process() == (["EUR", "GBP", "JPY", "USD"], True)
+
+    platform.write_rates("2024-01-03", {"EUR": "1.1", "GBP": "1.25", "JPY": "0.0067"})
+    platform.materialize("2024-01-03", selection=["raw/fx_rates"])
+    assert recorded() == ("EUR,GBP,JPY,USD", f"{table_id}:2")
+    assert answer_in_a_new_process() == (["EUR", "GBP", "JPY", "USD"], False)
+    assert scanned() == ["EUR", "GBP", "JPY", "USD"]
+    platform.materialize("2024-01-04", selection=["raw/fx_rates"])  # no file: removes nothing
+    assert recorded() == ("EUR,GBP,JPY,USD", f"{table_id}:3")
+
+    lake.delta_table(RAW_FX_RATES).restoreToVersion(1)
+    assert answer_in_a_new_process() == (["EUR", "JPY", "USD"], True)
+    assert scanned() == ["EUR", "JPY", "USD"]

@@ -25,7 +25,7 @@ from backfill_platform.resources import (
 from backfill_platform.resources.delta_io_manager import ObservedFrame
 from backfill_platform.resources.landing import FX_RATES, ORDERS
 from backfill_platform.tables import RAW_FX_RATES, RAW_ORDERS, table
-from backfill_platform.transforms.fx import fx_problems, parse_rates
+from backfill_platform.transforms.fx import fx_problems, known_after, parse_rates
 from backfill_platform.transforms.lines import counted, read_lines
 from backfill_platform.transforms.orders import null_kafka_columns, parse_orders
 
@@ -107,13 +107,16 @@ def raw_fx_rates(
     """Rate lines of the run's rate days; a bad header or a conflicting rate fails the run.
 
     A few kilobytes per run: the files are read once into a cache that the header and
-    conflict checks, the guard and the write share; the counts come from the write.
+    conflict checks, the guard and the write share; the counts come from the write. The
+    commit records the known currencies after it when the delivery tells them
+    (`known_after`), so the run's staging step need not scan the new version for them.
     """
     files = landing.files(FX_RATES, context.partition_keys)
+    before = lakehouse.content_id(RAW_FX_RATES)  # read first: what `known_after` builds on
     held = held_rows(lakehouse, RAW_FX_RATES, *run_dates(context))
     lines = read_lines(spark.get_session(), files, "rate_date").persist()
     rates = parse_rates(lines).withColumn("_loaded_at", F.current_timestamp())
-    headers, conflicts = fx_problems(lines, rates) if files else ([], [])
+    headers, conflicts, currencies = fx_problems(lines, rates) if files else ([], [], set())
     if headers:
         raise refusal(
             "FX files without the header 'currency,usd_per_unit': " + "; ".join(headers),
@@ -128,4 +131,5 @@ def raw_fx_rates(
         stats, F.count(F.lit(1)).alias("rows"), F.count("reject_reason").alias("invalid_rows")
     )
     context.add_output_metadata({"landing_files": len(files)})
-    return ObservedFrame(observed, (stats,))
+    known = known_after(lakehouse, before, currencies, replaces_rows=bool(held))
+    return ObservedFrame(observed, (stats,), known)

@@ -11,7 +11,8 @@ production asset in a run that carries it, is refused before anything is written
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from dagster import (
     AssetKey,
@@ -50,10 +51,13 @@ class ObservedFrame:
     """A DataFrame to write and `Observation`s on it (`DataFrame.observe`): aggregates
     Spark computes inside the write job itself, added to the output's metadata once the
     commit is done. Counting the rows about to be written would otherwise take a pass of
-    its own, or a cache of every row (raw/orders: the whole parsed delivery)."""
+    its own, or a cache of every row (raw/orders: the whole parsed delivery).
+    `commit_metadata` is recorded on the write's commit alone, not on every partition's
+    materialization as output metadata would be."""
 
     df: DataFrame
     observations: tuple[Observation, ...]
+    commit_metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 class DeltaIOManager(ConfigurableIOManager):
@@ -91,7 +95,10 @@ class DeltaIOManager(ConfigurableIOManager):
             partition_column=column,
             start=window.start.date(),
             end=window.end.date(),
-            user_metadata=commit_metadata(context, read),
+            user_metadata={
+                **commit_metadata(context, read),
+                **(observed.commit_metadata if observed else {}),
+            },
             # A shadow's lakehouse is built per call, so no later step could read its keep.
             keep=lakehouse is self.lakehouse
             and key in KEPT_IN_RUN

@@ -17,6 +17,10 @@ REACH_DAYS = 7
 # known_currencies' answers by (table path, table id, version), the oldest dropped first.
 _KNOWN: dict[tuple[str, str, int], list[str]] = {}
 _KNOWN_KEPT = 64
+# On a raw/fx_rates commit: the known currencies after it, and the "table id:version" they
+# were derived from (`known_after`); "none:-1" when the commit created the table.
+KNOWN_AFTER = "known_currencies"
+KNOWN_FROM = "known_currencies_from"
 
 
 class FxRateError(ValueError):
@@ -57,47 +61,48 @@ def parse_rates(lines: DataFrame) -> DataFrame:
     )
 
 
-def fx_problems(lines: DataFrame, rates: DataFrame) -> tuple[list[str], list[str]]:
+def fx_problems(lines: DataFrame, rates: DataFrame) -> tuple[list[str], list[str], set[str]]:
     """Files whose first non-blank line is not the contract's header, as 'path (line N)',
-    and (day, currency) pairs delivered with two different valid rates: which one is true?
+    (day, currency) pairs delivered with two different valid rates (which one is true?),
+    and the currencies with a valid rate in the delivery (`known_after`).
 
-    One Spark job for both: each is a tiny aggregation over a few KB, and a job costs more
-    than its work here.
+    One Spark query for all three: each is a tiny aggregation over a few KB, and a job costs
+    more than its work here. The currencies are the conflict aggregation's own groups, one
+    row per rated (day, currency).
     """
     data = lines.where(~F.col("is_blank"))
     headers = data.withColumn("_first", F.min("line_number").over(_per_file())).where(
         (F.col("line_number") == F.col("_first")) & (F.col("line") != HEADER)
     )
-    conflicts = (
+    rated = (
         rates.where(F.col("reject_reason").isNull())
         .groupBy("rate_date", "currency")
         .agg(F.countDistinct("usd_per_unit").alias("n"), F.collect_set("file_name").alias("files"))
-        .where("n > 1")
     )
+    header_type = "struct<_source_path:string,line_number:int,line:string>"
     found = (
         headers.select(
             F.lit("header").alias("kind"),
             F.struct("_source_path", "line_number", "line").alias("header"),
             F.lit(None)
             .cast("struct<rate_date:date,currency:string,files:array<string>>")
-            .alias("conflict"),
+            .alias("rated"),
         )
         .unionByName(
-            conflicts.select(
-                F.lit("conflict").alias("kind"),
-                F.lit(None)
-                .cast("struct<_source_path:string,line_number:int,line:string>")
-                .alias("header"),
-                F.struct("rate_date", "currency", "files").alias("conflict"),
+            rated.select(
+                F.when(F.col("n") > 1, "conflict").otherwise("rate").alias("kind"),
+                F.lit(None).cast(header_type).alias("header"),
+                F.struct("rate_date", "currency", "files").alias("rated"),
             )
         )
         .collect()
     )
     bad = sorted(r["header"] for r in found if r["kind"] == "header")
-    conflicting = sorted(r["conflict"] for r in found if r["kind"] == "conflict")
+    conflicting = sorted(r["rated"] for r in found if r["kind"] == "conflict")
     return (
         [f"{h['_source_path']} (line {h['line_number']}: {h['line'][:80]!r})" for h in bad],
         [f"{c['rate_date']} {c['currency']} in {sorted(c['files'])}" for c in conflicting],
+        {r["rated"]["currency"] for r in found if r["kind"] != "header"},
     )
 
 
@@ -171,22 +176,63 @@ def known_currencies(lakehouse: LakehouseResource) -> list[str]:
     """USD plus every currency with a valid rate anywhere in raw/fx_rates (contract 1.1).
 
     Read once per version of raw/fx_rates in a process: a run asks three times (staging
-    and two reconciliations) and the live stream every batch, and the answer is a Spark
-    job; the table's version is a read of its log on the driver.
+    and two reconciliations) and the live stream every batch. The newest commit usually
+    records the answer (`known_after`), a read of the log on the driver; otherwise it is a
+    Spark job over the table.
     """
     content = lakehouse.content_id(RAW_FX_RATES)
     if content is None:
         return ["USD"]
     key = (lakehouse.table_path(RAW_FX_RATES), *content)
     if key not in _KNOWN:
-        rows = (
-            lakehouse.read(RAW_FX_RATES, content[1])
-            .where(F.col("reject_reason").isNull())
-            .select("currency")
-            .distinct()
-            .collect()
-        )
+        known = _recorded_known(lakehouse, *content)
+        if known is None:
+            rows = (
+                lakehouse.read(RAW_FX_RATES, content[1])
+                .where(F.col("reject_reason").isNull())
+                .select("currency")
+                .distinct()
+                .collect()
+            )
+            known = sorted({"USD", *(r["currency"] for r in rows)})
         while len(_KNOWN) >= _KNOWN_KEPT:
             _KNOWN.pop(next(iter(_KNOWN)))
-        _KNOWN[key] = sorted({"USD", *(r["currency"] for r in rows)})
+        _KNOWN[key] = known
     return list(_KNOWN[key])
+
+
+def known_after(
+    lakehouse: LakehouseResource,
+    before: tuple[str, int] | None,
+    delivered: set[str],
+    replaces_rows: bool,
+) -> dict[str, str]:
+    """What a raw/fx_rates write that replaces its days with `delivered`'s currencies records
+    on its commit, so that no reader need scan the new version for the known set.
+
+    Replacing days can only drop currencies that were known before the write (at `before`,
+    the table's `content_id` read before anything else the run read of it). So when those
+    days held no row, or the delivery brings every currency known before, the known set
+    after the write is the set before plus the delivery's; otherwise ({}) readers scan the
+    table. A reader trusts the record only on the commit right after `before`: anything in
+    between (a RESTORE, another writer) makes it a scan again.
+    """
+    known = set(known_currencies(lakehouse))
+    if replaces_rows and not known - {"USD"} <= delivered:
+        return {}
+    table_id, version = before if before is not None else ("none", -1)
+    return {
+        KNOWN_AFTER: ",".join(sorted(known | delivered | {"USD"})),
+        KNOWN_FROM: f"{table_id}:{version}",
+    }
+
+
+def _recorded_known(lakehouse: LakehouseResource, table_id: str, version: int) -> list[str] | None:
+    commit = lakehouse.newest_commit(RAW_FX_RATES)
+    if commit is None or commit.version != version:
+        return None
+    recorded = commit.user_metadata
+    derived_from = {f"{table_id}:{version - 1}"} if version else {"none:-1"}
+    if KNOWN_AFTER not in recorded or recorded.get(KNOWN_FROM) not in derived_from:
+        return None
+    return recorded[KNOWN_AFTER].split(",")
