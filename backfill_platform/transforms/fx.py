@@ -232,7 +232,7 @@ def _recorded_known(lakehouse: LakehouseResource, table_id: str, version: int) -
     if commit is None or commit.version != version:
         return None
     recorded = commit.user_metadata
-    derived_from = {f"{table_id}:{version - 1}"} if version else {"none:-1"}
-    if KNOWN_AFTER not in recorded or recorded.get(KNOWN_FROM) not in derived_from:
+    derived_from = f"{table_id}:{version - 1}" if version else "none:-1"
+    if KNOWN_AFTER not in recorded or recorded.get(KNOWN_FROM) != derived_from:
         return None
     return recorded[KNOWN_AFTER].split(",")
