@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 from pyspark.sql import functions as F
 
+from backfill_platform.resources.delta_files import USER_METADATA_CONF
 from backfill_platform.tables import RAW_FX_RATES
 from backfill_platform.transforms import fx
 from backfill_platform.transforms.fx import KNOWN_AFTER, KNOWN_FROM, known_currencies
@@ -253,3 +254,20 @@ def test_a_rates_write_records_the_known_currencies_only_when_its_delivery_tells
     lake.delta_table(RAW_FX_RATES).restoreToVersion(1)
     assert answer_in_a_new_process() == (["EUR", "JPY", "USD"], True)
     assert scanned() == ["EUR", "JPY", "USD"]
+
+    # A record on a commit that does not follow the version it was derived from (another
+    # writer committed in between) is not trusted: version 6 carries version 4's record.
+    stale = json.dumps({KNOWN_AFTER: "EUR,GBP,JPY,USD", KNOWN_FROM: f"{table_id}:3"})
+    session = lake.session
+    session.conf.set(USER_METADATA_CONF, stale)
+    try:
+        lake.read(RAW_FX_RATES).limit(0).write.format("delta").mode("append").save(
+            lake.table_path(RAW_FX_RATES)
+        )
+    finally:
+        session.conf.unset(USER_METADATA_CONF)
+    assert (lake.newest_commit(RAW_FX_RATES).version, recorded()) == (
+        6,
+        ("EUR,GBP,JPY,USD", f"{table_id}:3"),
+    )
+    assert answer_in_a_new_process() == (["EUR", "JPY", "USD"], True)
