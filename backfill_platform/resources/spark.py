@@ -112,20 +112,16 @@ class SparkSessionResource(ConfigurableResource):
         own but shares the handle's: building a handle there again cost 15-60 ms a thread,
         the settings sent to the JVM one by one, for the same session.
         """
-        active = SparkSession.getActiveSession()
-        if self._pyspark is not None and (active is not None or self._serves_process()):
-            return self._pyspark.spark_session
+        try:
+            live = SparkSession.active()  # this thread's session, else the process's default
+        except PySparkRuntimeError:  # NO_ACTIVE_OR_DEFAULT_SESSION: none yet, or stopped
+            live = None
+        if self._pyspark is not None and live is self._pyspark.spark_session:
+            return live
         self._pyspark = self.pyspark_resource()
-        if active is None:
+        if live is None:
             self._pyspark.spark_session.sparkContext.setLogLevel("WARN")
         return self._pyspark.spark_session
-
-    def _serves_process(self) -> bool:
-        """Whether this handle's session is the process's live session (the default one)."""
-        try:
-            return SparkSession.active() is self._pyspark.spark_session
-        except PySparkRuntimeError:  # NO_ACTIVE_OR_DEFAULT_SESSION: stopped, or none yet
-            return False
 
     def pyspark_resource(self) -> LazyPySparkResource:
         """These settings as dagster-pyspark's resource, for code written against it."""
