@@ -258,14 +258,10 @@ def test_a_rates_write_records_the_known_currencies_only_when_its_delivery_tells
     # A record on a commit that does not follow the version it was derived from (another
     # writer committed in between) is not trusted: version 6 carries version 4's record.
     stale = json.dumps({KNOWN_AFTER: "EUR,GBP,JPY,USD", KNOWN_FROM: f"{table_id}:3"})
-    session = lake.session
-    session.conf.set(USER_METADATA_CONF, stale)
-    try:
+    with lake.spark.temporary_conf({USER_METADATA_CONF: stale}):
         lake.read(RAW_FX_RATES).limit(0).write.format("delta").mode("append").save(
             lake.table_path(RAW_FX_RATES)
         )
-    finally:
-        session.conf.unset(USER_METADATA_CONF)
     assert (lake.newest_commit(RAW_FX_RATES).version, recorded()) == (
         6,
         ("EUR,GBP,JPY,USD", f"{table_id}:3"),
