@@ -12,7 +12,7 @@ from backfill_platform.operations.decommission import decommission
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
 from backfill_platform.resources import lakehouse as lakehouse_module
-from backfill_platform.resources.delta_files import ZeroCopyUnavailable
+from backfill_platform.resources.delta_files import USER_METADATA_CONF, ZeroCopyUnavailable
 from backfill_platform.resources.lakehouse import PartitionFiles, TableWriteError
 from backfill_platform.resources.maintenance import vacuum
 from backfill_platform.tables import table
@@ -401,6 +401,7 @@ def test_zero_copy_cutover_adopts_the_shadows_files_and_outlives_the_shadow(lake
     expected = [("2024-01-01", 1), ("2024-01-02", 20), ("2024-01-03", 30), ("2024-01-04", 4),
                 ("2024-01-05", 5)]  # fmt: skip
     assert _table(lake, FCT) == expected
+    assert spark.conf.get(USER_METADATA_CONF, None) is None  # the commit's metadata only
     assert commit.version == before + 1
     assert (commit.rows_written, commit.rows_removed) == (2, 2)
     assert (commit.files_written, commit.files_removed, commit.bytes_written) == (2, 2, 0)

@@ -19,10 +19,10 @@ from backfill_platform.operations.rebuild import CUTOVER_TAG
 from backfill_platform.partitions import commit_partition_keys
 from backfill_platform.ranges import DayRange
 from backfill_platform.resources import LakehouseResource
+from backfill_platform.resources.delta_files import USER_METADATA_CONF
 from backfill_platform.tables import TABLE_NAMES
 
 ROLLBACK = "rollback"
-_USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class RollbackRefused(Exception):
@@ -78,7 +78,7 @@ def missing_files(lake: LakehouseResource, table: str, version: int) -> list[str
 
 def _commit_metadata(lake: LakehouseResource, metadata: dict):
     """RESTORE takes no userMetadata option; Delta reads it from this session setting."""
-    return lake.spark.temporary_conf({_USER_METADATA_CONF: json.dumps(metadata, sort_keys=True)})
+    return lake.spark.temporary_conf({USER_METADATA_CONF: json.dumps(metadata, sort_keys=True)})
 
 
 def _foreign(instance: DagsterInstance | None, meta: dict, cutover_id: str) -> bool:

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from backfill_platform.resources.delta_log import open_log
+from backfill_platform.resources.spark import session_conf
 
 # Delta reads commitInfo.userMetadata from this session setting when the operation carries
 # none (the Manual Update operation carries none); the rollback's RESTORE uses it too.
@@ -132,16 +133,9 @@ def swap_range(
     operation = getattr(
         getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$"), "MODULE$"
     )
-    conf = session._jsparkSession.conf()
-    previous = conf.getOption(USER_METADATA_CONF)
-    conf.set(USER_METADATA_CONF, json.dumps(user_metadata, sort_keys=True, default=str))
-    try:
+    text = json.dumps(user_metadata, sort_keys=True, default=str)
+    with session_conf(session, {USER_METADATA_CONF: text}):
         version = txn.commit(_seq(session, added + removes), operation)
-    finally:
-        if previous.isDefined():
-            conf.set(USER_METADATA_CONF, previous.get())
-        else:
-            conf.unset(USER_METADATA_CONF)
     return SwapCommit(
         version=int(version),
         files_added=len(adds),

@@ -135,14 +135,8 @@ class SparkSessionResource(ConfigurableResource):
         (VACUUM below Delta's retention check, RESTORE's commit metadata) must not outlive
         it, error or not.
         """
-        session = self.get_session()
-        conf = session.conf
-        previous = {key: conf.get(key, None) for key in settings}
-        try:
-            _set_conf(session, settings)
+        with session_conf(self.get_session(), settings) as session:
             yield session
-        finally:
-            _set_conf(session, previous)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Drop what the run cached: the session outlives the run (in-process backfills run
@@ -255,6 +249,20 @@ def _value(text: str) -> str:
     """An `EnvVar` field's value: Dagster resolves it for runs, but the CLI and sensors use
     the resource as built, with the EnvVar still in place (it refuses `str()`)."""
     return (text.get_value() or "") if isinstance(text, EnvVar) else text
+
+
+@contextmanager
+def session_conf(
+    session: SparkSession, settings: Mapping[str, str | None]
+) -> Iterator[SparkSession]:
+    """`temporary_conf` on a session already at hand (code below the resource, such as the
+    zero-copy commit, gets a session, not the resource)."""
+    previous = {key: session.conf.get(key, None) for key in settings}
+    try:
+        _set_conf(session, settings)
+        yield session
+    finally:
+        _set_conf(session, previous)
 
 
 def _set_conf(session: SparkSession, settings: Mapping[str, str | None]) -> None:
