@@ -8,7 +8,6 @@ from decimal import Decimal
 import pytest
 from pyspark.sql import functions as F
 
-from backfill_platform.resources.delta_files import USER_METADATA_CONF
 from backfill_platform.tables import RAW_FX_RATES
 from backfill_platform.transforms import fx
 from backfill_platform.transforms.fx import KNOWN_AFTER, KNOWN_FROM, known_currencies
@@ -257,11 +256,8 @@ def test_a_rates_write_records_the_known_currencies_only_when_its_delivery_tells
 
     # A record on a commit that does not follow the version it was derived from (another
     # writer committed in between) is not trusted: version 6 carries version 4's record.
-    stale = json.dumps({KNOWN_AFTER: "EUR,GBP,JPY,USD", KNOWN_FROM: f"{table_id}:3"})
-    with lake.spark.temporary_conf({USER_METADATA_CONF: stale}):
-        lake.read(RAW_FX_RATES).limit(0).write.format("delta").mode("append").save(
-            lake.table_path(RAW_FX_RATES)
-        )
+    stale = {KNOWN_AFTER: "EUR,GBP,JPY,USD", KNOWN_FROM: f"{table_id}:3"}
+    lake.record_unchanged(RAW_FX_RATES, stale)
     assert (lake.newest_commit(RAW_FX_RATES).version, recorded()) == (
         6,
         ("EUR,GBP,JPY,USD", f"{table_id}:3"),
