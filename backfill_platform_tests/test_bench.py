@@ -25,7 +25,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
             "--orders-per-day=4",
             "--sample=1",
             "--window-repeats=1",
-            "--no-cold",
+            "--cold-sample=1",  # one day's two runs in new processes, and the window's two
             "--no-warm-up",  # timings at this scale mean nothing: no untimed warm-up either
             "--scaling=",
             f"--out={tmp_path}",
@@ -99,6 +99,25 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
         "measured": per_run,
         "met": per_run is not None and per_run <= 3.0,
     }
+    assert targets["platform_with_checks_over_plain_spark"]["target"] == "<= 2.5"
+    like = result["ratios"]["platform_anchor_marts_over_same_tables"]
+    assert targets["platform_anchor_marts_over_same_tables"] == {
+        "target": "<= 1.1",
+        "measured": like,
+        "met": like <= 1.1,
+    }
+    # a run as the deployment launches it, in a process and a JVM of its own: when its Spark
+    # session came up and its first Spark job started, read off each run's own event log
+    starts = result["new_process_runs"]
+    assert [s["run"].split()[0] for s in starts] == ["raw", "downstream", "raw", "downstream"]
+    for start in starts:
+        assert 0 < start["session_up_seconds"] < start["first_spark_job_seconds"]
+    slowest = max(s["first_spark_job_seconds"] for s in starts)
+    assert targets["deployment_first_spark_job_seconds"] == {
+        "target": "<= 5.0",
+        "measured": slowest,
+        "met": slowest <= 5.0,
+    }
     added = round(seconds["platform_with_checks"] / seconds["platform"] - 1, 3)
     assert targets["checks_added_share"]["measured"] == added
     assert targets["checks_added_share"]["target"] == "<= 0.15"
@@ -113,7 +132,13 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert result["ratios"]["checks_steps_share"] == round(
         round(sum(check_steps), 2) / seconds["platform"], 3
     )
-    assert result["ratios"]["checks_steps_share"] > 0
+    by_step = result["ratios"]["checks_steps_share"]
+    assert by_step > 0
+    assert targets["checks_steps_share"] == {
+        "target": "<= 0.1",
+        "measured": by_step,
+        "met": by_step <= 0.1,
+    }
     events_seconds = result["dagster_events"]["phases"]["platform_with_checks"]
     share = round(events_seconds["estimated_seconds"] / seconds["platform_with_checks"], 3)
     assert targets["dagster_event_log_share"]["measured"] == share
@@ -141,6 +166,7 @@ def test_bench_runs_end_to_end_and_writes_the_result(tmp_path, spark, capsys):
     assert "Dagster's event log, priced on" in out and "| platform_with_checks |" in out
     assert "| DuckDB: the contract as SQL" in out and "| plain Spark: a hand-written" in out
     assert "| same tables: a hand-written job building the platform's six tables" in out
+    assert f"| {starts[0]['run']} | {starts[0]['session_up_seconds']} |" in out
     # a progress bar per backfill, named by its phase: partitions (9 assets x 3 days) and runs
     assert re.search(r"platform: 100%\|.*\| 27/27 partitions, 2/2 runs", out)
 

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from benchmarks.measure import (
     SparkLog,
     answered_calls,
     demo_crm,
+    event_log_conf,
     load_average,
     machine_info,
     spark_with_event_log,
@@ -50,14 +52,16 @@ TARGETS = {
     # Anchors written without the platform's transforms (a slow transform cannot hide in
     # them as in the floor); the bench's platform line is the backfill without its checks.
     "platform_over_plain_spark": ("<=", 1.5),
-    # The platform as users run it: every run also evaluates its assets' checks.
-    "platform_with_checks_over_plain_spark": ("<=", 1.5),
+    # The platform as users run it (every asset, the CRM's included): every run also
+    # evaluates its assets' checks.
+    "platform_with_checks_over_plain_spark": ("<=", 2.5),
     # The fair denominator: a plain job building the same six tables (raw, FX,
     # staging, rejects, both marts) without checks or an orchestrator. Like for like, so the
     # numerator is the platform building those six tables with their checks: the CRM assets'
     # calls (a quarter of the full backfill, waiting on HTTP) have no counterpart in the job.
     # The full backfill's ratio (CRM included) stays in the ratios.
     "platform_anchor_marts_with_checks_over_same_tables": ("<=", 1.25),
+    "platform_anchor_marts_over_same_tables": ("<=", 1.10),
     "platform_over_duckdb": ("<=", 3.0),
     # Chunking's worth: one run per partition at least 50x the chunked backfill (a new
     # process per run, as the deployment's run launcher does, when measured; else the warm
@@ -77,6 +81,12 @@ TARGETS = {
     # what the asset checks add to the backfill; Dagster's per-partition events (priced on
     # the instances' storage, --dagster-storage) as a share of the backfill with checks.
     "fixed_cost_per_run_seconds": ("<=", 3.0),
+    # A run the deployment launches has a process and a JVM of its own: its first Spark job
+    # starts at most 5 s after the process does (the slowest new-process run; not measured,
+    # so not met, with --no-cold).
+    "deployment_first_spark_job_seconds": ("<=", 5.0),
+    # The checks' own steps over the backfill without them (checks_steps_share).
+    "checks_steps_share": ("<=", 0.10),
     "live_cycle_spark_jobs": ("<=", 20),
     "checks_added_share": ("<=", 0.15),
     "dagster_event_log_share": ("<=", 0.10),
@@ -179,6 +189,7 @@ class Bench:
         self.memory: dict[str, dict[str, float]] = {}
         self.events = work / "spark-events"
         self.cold = not args.no_cold and args.cold_sample > 0
+        self.cold_starts: list[dict[str, Any]] = []  # each new-process run's start (_cold_run)
         self.progress = None  # the RunProgress `main` shows; its bars carry the phase's name
         self.postgres: Path | None = None  # the local server's data (--dagster-storage)
 
@@ -641,6 +652,9 @@ class Bench:
             else None,
             "checks_added_share": round(with_checks / platform - 1, 3),
             "dagster_event_log_share": round(events_seconds / with_checks, 3),
+            "deployment_first_spark_job_seconds": _slowest(
+                [start["first_spark_job_seconds"] for start in self.cold_starts]
+            ),
         }
         return {
             "timestamp": self.stamp,
@@ -662,6 +676,7 @@ class Bench:
                 "window_days": window_days,
             },
             "seconds": seconds,
+            "new_process_runs": self.cold_starts,
             "ratios": ratios,
             "targets": {
                 k: {
@@ -723,6 +738,15 @@ class Bench:
         }
 
     def _cold_run(self, lakehouse: Path, home: Path, first: str, last: str, layer: str) -> bool:
+        """One run in a new process, as the deployment's run launcher starts one. Its Spark
+        event log says when its session came up and its first Spark job started, counted from
+        the process's launch (`self.cold_starts`)."""
+        events = self.work / "cold-spark-logs" / str(len(self.cold_starts))
+        events.mkdir(parents=True)
+        inherited = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+        logged = " ".join(
+            f"--conf {shlex.quote(f'{k}={v}')}" for k, v in event_log_conf(events).items()
+        )
         command = [
             sys.executable,
             "-m",
@@ -740,9 +764,24 @@ class Bench:
             "--layer",
             layer,
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]),
+            "PYSPARK_SUBMIT_ARGS": f"{inherited.removesuffix('pyspark-shell')}{logged} "
+            "pyspark-shell",
+        }
         with open(self.work / "cold-runs.log", "a") as log:
+            launched = time.time()
             done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=log, check=False)
+        spark_log = SparkLog.read(events)
+        first_job = min((job.submitted_ms for job in spark_log.jobs), default=None)
+        self.cold_starts.append(
+            {
+                "run": f"{layer} {first}..{last}",
+                "session_up_seconds": _since(launched, spark_log.started_ms),
+                "first_spark_job_seconds": _since(launched, first_job),
+            }
+        )
         return done.returncode == 0
 
     def _warm_window(self, resources, instance, first: str, last: str) -> bool:
@@ -1012,6 +1051,15 @@ def files_per_partition(lake) -> dict[str, dict[str, float]]:
             "on_disk_max": max(on_disk, default=0),
         }
     return result
+
+
+def _slowest(seconds: list[float | None]) -> float | None:
+    """The largest, or None when there is none or one run's is unknown."""
+    return max(seconds) if seconds and None not in seconds else None
+
+
+def _since(launched: float, epoch_ms: int | None) -> float | None:
+    return round(epoch_ms / 1000 - launched, 2) if epoch_ms is not None else None
 
 
 def _meets(value: float | None, op: str, bound: float) -> bool:

@@ -96,6 +96,7 @@ class SparkLog:
 
     jobs: list[SparkJob] = field(default_factory=list)
     stages: dict[int, SparkStage] = field(default_factory=dict)
+    started_ms: int | None = None  # the application's start: its SparkContext is up
 
     @classmethod
     def read(cls, log_dir: Path | None) -> SparkLog:
@@ -116,7 +117,9 @@ class SparkLog:
                 if not isinstance(event, dict):
                     continue
                 kind = event.get("Event")
-                if kind == "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart":
+                if kind == "SparkListenerApplicationStart":
+                    log.started_ms = event.get("Timestamp")
+                elif kind == "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart":
                     queries[str(event.get("executionId"))] = event.get("description", "")
                 elif kind == "SparkListenerJobStart":
                     starts[event["Job ID"]] = event
@@ -238,13 +241,18 @@ def spark_with_event_log(folder: Path):
         master=setting(SPARK_MASTER),
         shuffle_partitions=int(setting(SPARK_SHUFFLE_PARTITIONS)),
         driver_memory=setting(SPARK_DRIVER_MEMORY),
-        extra_conf={
-            "spark.eventLog.enabled": "true",
-            "spark.eventLog.dir": folder.resolve().as_uri(),
-            "spark.eventLog.compress": "false",
-            "spark.eventLog.rolling.enabled": "false",
-        },
+        extra_conf=event_log_conf(folder),
     )
+
+
+def event_log_conf(folder: Path) -> dict[str, str]:
+    """Spark's event log as plain JSON lines in one file in `folder`."""
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.resolve().as_uri(),
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
 
 
 def _last_stage_name(job_start: dict) -> str:

@@ -109,12 +109,20 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['target']} | {t['measured']} | {_yes(t['met'])} |")
-    by_step = r["ratios"].get("checks_steps_share")
-    if by_step is not None:
-        lines.append(
-            "| checks_steps_share: the checks' own steps over the backfill without checks "
-            f"(checks_added_share by step, reported) | | {by_step} | |"
-        )
+    starts = r.get("new_process_runs")
+    if starts:
+        lines += [
+            "",
+            "Runs in a new process, as the deployment launches them (seconds from the "
+            "process's launch):",
+            "",
+            "| run | Spark session up | first Spark job |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {run['run']} | {run['session_up_seconds']} | {run['first_spark_job_seconds']} |"
+            for run in starts
+        ]
     lines += [
         f"| platform with and without checks: marts identical | yes | "
         f"{_yes(r['checks']['with_checks_equals_platform'])} | |",
