@@ -109,6 +109,18 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['target']} | {t['measured']} | {_yes(t['met'])} |")
+    lines += [
+        f"| platform with and without checks: marts identical | yes | "
+        f"{_yes(r['checks']['with_checks_equals_platform'])} | |",
+        f"| floor and platform marts identical | yes | "
+        f"{_yes(r['checks']['floor_equals_platform'])} | |",
+        f"| plain Spark and platform marts identical | yes | "
+        f"{_yes(r['checks']['plain_spark_equals_platform'])} | |",
+        f"| DuckDB and platform marts identical | yes | "
+        f"{_yes(r['checks']['duckdb_equals_platform'])} | |",
+        f"| same-tables job and platform: six tables identical (count and hash) | yes | "
+        f"{_yes(r['checks']['same_tables_equals_platform'])} | |",
+    ]
     starts = r.get("new_process_runs")
     if starts:
         lines += [
@@ -124,16 +136,6 @@ def markdown(r: dict[str, Any]) -> str:
             for run in starts
         ]
     lines += [
-        f"| platform with and without checks: marts identical | yes | "
-        f"{_yes(r['checks']['with_checks_equals_platform'])} | |",
-        f"| floor and platform marts identical | yes | "
-        f"{_yes(r['checks']['floor_equals_platform'])} | |",
-        f"| plain Spark and platform marts identical | yes | "
-        f"{_yes(r['checks']['plain_spark_equals_platform'])} | |",
-        f"| DuckDB and platform marts identical | yes | "
-        f"{_yes(r['checks']['duckdb_equals_platform'])} | |",
-        f"| same-tables job and platform: six tables identical (count and hash) | yes | "
-        f"{_yes(r['checks']['same_tables_equals_platform'])} | |",
         "",
         *crm_lines,
         *([""] if crm_lines else []),
